@@ -1,0 +1,105 @@
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Service names accepted by TASKRUNNER_SERVICES / --services.
+const (
+	ServiceTask        = "task"
+	ServiceDispatch    = "dispatch"
+	ServiceGitHubToken = "githubtoken"
+	ServiceEvents      = "events"
+)
+
+// AllServices lists every service in start order.
+var AllServices = []string{ServiceTask, ServiceDispatch, ServiceGitHubToken, ServiceEvents}
+
+// Daemon is taskrunnerd's configuration.
+type Daemon struct {
+	DatabaseURL     string        `env:"TASKRUNNER_DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/taskrunner?sslmode=disable"`
+	RedisURL        string        `env:"TASKRUNNER_REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	GRPCAddr        string        `env:"TASKRUNNER_GRPC_ADDR" envDefault:"127.0.0.1:7070"`
+	Services        string        `env:"TASKRUNNER_SERVICES" envDefault:"all"`
+	LogLevel        string        `env:"TASKRUNNER_LOG_LEVEL" envDefault:"info"`
+	LogFormat       string        `env:"TASKRUNNER_LOG_FORMAT" envDefault:"json"`
+	ShutdownTimeout time.Duration `env:"TASKRUNNER_SHUTDOWN_TIMEOUT" envDefault:"20s"`
+}
+
+// Load reads the environment.
+func Load() (Daemon, error) {
+	var d Daemon
+	if err := env.Parse(&d); err != nil {
+		return d, fmt.Errorf("configuration: %w", err)
+	}
+	return d, nil
+}
+
+// ServiceList parses Services.
+func (d Daemon) ServiceList() ([]string, error) {
+	v := strings.TrimSpace(d.Services)
+	if v == "all" || v == "" {
+		return AllServices, nil
+	}
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(AllServices, s) {
+			return nil, fmt.Errorf("TASKRUNNER_SERVICES: unknown service %q (want a comma-separated subset of %s, or all)", s, strings.Join(AllServices, ","))
+		}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// Validate checks every field and names the bad variable.
+func (d Daemon) Validate() error {
+	if u, err := url.Parse(d.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return fmt.Errorf("TASKRUNNER_DATABASE_URL: want postgres://user@host:port/db, got %q", Redact(d.DatabaseURL))
+	}
+	if u, err := url.Parse(d.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+		return fmt.Errorf("TASKRUNNER_REDIS_URL: want redis://host:port/db, got %q", Redact(d.RedisURL))
+	}
+	if _, _, err := net.SplitHostPort(d.GRPCAddr); err != nil {
+		return fmt.Errorf("TASKRUNNER_GRPC_ADDR: want host:port, got %q", d.GRPCAddr)
+	}
+	if _, err := d.ServiceList(); err != nil {
+		return err
+	}
+	if _, err := ParseLevel(d.LogLevel); err != nil {
+		return fmt.Errorf("TASKRUNNER_LOG_LEVEL: %w", err)
+	}
+	if d.LogFormat != "json" && d.LogFormat != "text" {
+		return fmt.Errorf("TASKRUNNER_LOG_FORMAT: want json or text, got %q", d.LogFormat)
+	}
+	if d.ShutdownTimeout <= 0 {
+		return fmt.Errorf("TASKRUNNER_SHUTDOWN_TIMEOUT: must be positive")
+	}
+	return nil
+}
+
+// ParseLevel parses debug, info, warn or error.
+func ParseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+// Redact hides the password of a URL for messages.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable)"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,5 @@
+// Package rpcserver assembles a gRPC server the same way for every service:
+// one interceptor chain (recovery → request id → logging → authentication →
+// error mapping), gRPC health that starts NOT_SERVING until dependencies
+// answer, and reflection. It holds no service logic.
+package rpcserver

@@ -1,0 +1,138 @@
+package task
+
+import (
+	"regexp"
+	"unicode/utf8"
+
+	"github.com/taskrunner/taskrunner/services/errs"
+)
+
+// Advance is one requested transition. Zero fields leave the task unchanged.
+type Advance struct {
+	// Seq is the event sequence number behind the transition; a Seq at or
+	// below the task's LastSeq makes the request a no-op.
+	Seq int64
+	// RequestID makes non-event transitions idempotent.
+	RequestID string
+
+	Status       Status
+	Stage        Stage
+	Diff         *DiffStats
+	Usage        *Usage
+	PRURL        string
+	PRNumber     int64
+	FailedReason string
+	Heartbeat    bool
+}
+
+// next lists the legal status moves (ARCHITECTURE.md section 2).
+var next = map[Status][]Status{
+	StatusProposing:      {StatusQueued, StatusRunning, StatusFailed, StatusCancelled},
+	StatusQueued:         {StatusRunning, StatusFailed, StatusCancelled},
+	StatusRunning:        {StatusAwaitingReview, StatusFailed, StatusCancelled},
+	StatusAwaitingReview: {StatusDone, StatusCancelled, StatusFailed},
+}
+
+// CanMove reports whether from → to is a legal status move.
+func CanMove(from, to Status) bool {
+	for _, s := range next[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// MaxReasonBytes bounds failed_reason.
+const MaxReasonBytes = 1024
+
+// secretPattern matches credentials that must never be stored in a reason:
+// GitHub tokens, our API tokens, bearer headers, common API keys, PEM blocks.
+var secretPattern = regexp.MustCompile(`(?i)(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|trt_[A-Za-z0-9_-]{20,}|sk-[A-Za-z0-9_-]{16,}|x-access-token:[^@\s]+|bearer\s+[A-Za-z0-9._~+/=-]{12,}|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----)`)
+
+// CleanReason redacts secrets and truncates to MaxReasonBytes on a rune boundary.
+func CleanReason(s string) string {
+	s = secretPattern.ReplaceAllString(s, "[REDACTED]")
+	if len(s) <= MaxReasonBytes {
+		return s
+	}
+	cut := MaxReasonBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// Apply returns the task after a, or an ErrInvalidTransition error that names
+// the rule it breaks. It does not handle idempotency (see Store.Advance).
+// hasSandbox tells whether Dispatch recorded a sandbox, which a move to
+// running requires.
+func Apply(t Task, a Advance, hasSandbox bool) (Task, error) {
+	if t.Status.Terminal() {
+		return t, errs.Transition("task %s is %s: no further changes are accepted", t.ID, t.Status)
+	}
+	if a.Status == "" && a.Stage == "" && a.Diff == nil && a.Usage == nil && a.PRURL == "" && !a.Heartbeat && a.FailedReason == "" {
+		return t, errs.Invalid("advance", "nothing to change")
+	}
+	from := t.Status
+	out := t
+	if a.Status != "" && a.Status != from {
+		if !CanMove(from, a.Status) {
+			return t, errs.Transition("task %s cannot move from %s to %s", t.ID, from, a.Status)
+		}
+		if a.Status == StatusRunning && !hasSandbox {
+			return t, errs.Transition("task %s cannot run: it was never dispatched", t.ID)
+		}
+		out.Status = a.Status
+	}
+	// Everything the runner reports needs a running task (it may end the
+	// task in the same request, e.g. diff stats with completion).
+	runnerReport := a.Stage != "" || a.Diff != nil || a.Usage != nil || a.Heartbeat
+	if runnerReport && from != StatusRunning && out.Status != StatusRunning {
+		return t, errs.Transition("task %s is %s: runner reports are accepted only while running", t.ID, from)
+	}
+	if a.Stage != "" {
+		if a.Stage.Order() == 0 {
+			return t, errs.Invalid("stage", "unknown stage %q", a.Stage)
+		}
+		if a.Stage.Order() <= t.Stage.Order() {
+			return t, errs.Transition("task %s stage cannot move from %s to %s: stages only move forward", t.ID, stageName(t.Stage), a.Stage)
+		}
+		out.Stage = a.Stage
+	}
+	if a.Diff != nil {
+		if a.Diff.Additions < 0 || a.Diff.Deletions < 0 || a.Diff.FilesChanged < 0 {
+			return t, errs.Invalid("diff_stats", "must not be negative")
+		}
+		out.Diff = *a.Diff
+	}
+	if a.Usage != nil {
+		if a.Usage.CostUSD < 0 || a.Usage.TokensIn < 0 || a.Usage.TokensOut < 0 {
+			return t, errs.Invalid("usage", "must not be negative")
+		}
+		out.Usage = *a.Usage
+	}
+	if a.PRURL != "" {
+		if out.Status != StatusAwaitingReview && out.Status != StatusFailed && out.Status != StatusRunning {
+			return t, errs.Transition("task %s is %s: a pull request is recorded only when it opens", t.ID, out.Status)
+		}
+		out.PRURL, out.PRNumber = a.PRURL, a.PRNumber
+	}
+	if out.Status == StatusAwaitingReview && out.PRURL == "" {
+		return t, errs.Transition("task %s cannot await review without a pull request", t.ID)
+	}
+	if a.FailedReason != "" {
+		if out.Status != StatusFailed && out.Status != StatusCancelled {
+			return t, errs.Invalid("failed_reason", "only for failed or cancelled tasks")
+		}
+		out.FailedReason = CleanReason(a.FailedReason)
+	}
+	return out, nil
+}
+
+func stageName(s Stage) string {
+	if s == StageNone {
+		return "(none)"
+	}
+	return string(s)
+}

@@ -1,0 +1,333 @@
+package task
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/auth"
+	"github.com/taskrunner/taskrunner/services/errs"
+)
+
+// Dispatcher starts and stops sandboxes; DispatchService implements it, in
+// process or over gRPC. Nil until a dispatch service is configured.
+type Dispatcher interface {
+	Dispatch(ctx context.Context, taskID string) (Task, error)
+	Cancel(ctx context.Context, taskID, reason string) (Task, error)
+}
+
+
+// Server implements TaskService.
+type Server struct {
+	taskrunnerv1.UnimplementedTaskServiceServer
+	store      *Store
+	dispatcher Dispatcher
+	log        *slog.Logger
+}
+
+var _ taskrunnerv1.TaskServiceServer = (*Server)(nil)
+
+// New returns the TaskService server. dispatcher may be nil.
+func New(store *Store, dispatcher Dispatcher, log *slog.Logger) *Server {
+	return &Server{store: store, dispatcher: dispatcher, log: log}
+}
+
+// SetDispatcher wires the dispatcher once DispatchService exists (the two
+// services depend on each other when hosted in one process).
+func (s *Server) SetDispatcher(d Dispatcher) { s.dispatcher = d }
+
+func agentFromProto(a taskrunnerv1.Agent) (Agent, error) {
+	switch a {
+	case taskrunnerv1.Agent_AGENT_UNSPECIFIED, taskrunnerv1.Agent_AGENT_CLAUDE:
+		return AgentClaude, nil
+	case taskrunnerv1.Agent_AGENT_CODEX:
+		return AgentCodex, nil
+	}
+	return "", errs.Invalid("agent", "unknown agent %d (want AGENT_CLAUDE or AGENT_CODEX)", a)
+}
+
+// CreateTask implements TaskService.
+func (s *Server) CreateTask(ctx context.Context, req *taskrunnerv1.CreateTaskRequest) (*taskrunnerv1.CreateTaskResponse, error) {
+	p, err := auth.RequireScope(ctx, auth.ScopeTasks)
+	if err != nil {
+		return nil, err
+	}
+	agent, err := agentFromProto(req.GetAgent())
+	if err != nil {
+		return nil, err
+	}
+	n := NewTask{Owner: p.Owner, Repo: req.GetRepo(), BaseBranch: req.GetBaseBranch(), Prompt: req.GetPrompt(),
+		Agent: agent, IdempotencyKey: idempotencyKey(ctx, req.GetRequestId())}
+	if err := n.Validate(); err != nil {
+		return nil, err
+	}
+	if req.GetDispatch() && s.dispatcher == nil {
+		return nil, status.Error(codes.FailedPrecondition, "dispatch: no DispatchService is configured")
+	}
+	t, created, err := s.store.Create(ctx, n, "")
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		s.log.InfoContext(ctx, "task created", "task_id", t.ID, "owner", t.Owner, "repo", t.Repo)
+	}
+	if req.GetDispatch() && created {
+		if t, err = s.dispatcher.Dispatch(ctx, t.ID); err != nil {
+			return nil, err
+		}
+	}
+	return &taskrunnerv1.CreateTaskResponse{Task: ToProto(t)}, nil
+}
+
+// idempotencyKey is the request_id field, or else the REST Idempotency-Key
+// header that the gateway forwards as metadata.
+func idempotencyKey(ctx context.Context, field string) string {
+	if field != "" {
+		return field
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("idempotency-key"); len(v) > 0 {
+			return v[0]
+		}
+	}
+	return ""
+}
+
+// GetTask implements TaskService.
+func (s *Server) GetTask(ctx context.Context, req *taskrunnerv1.GetTaskRequest) (*taskrunnerv1.GetTaskResponse, error) {
+	t, err := s.owned(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &taskrunnerv1.GetTaskResponse{Task: ToProto(t)}, nil
+}
+
+// owned loads the caller's task; other owners' tasks are NotFound.
+func (s *Server) owned(ctx context.Context, id string) (Task, error) {
+	p, err := auth.RequireScope(ctx, auth.ScopeTasks)
+	if err != nil {
+		return Task{}, err
+	}
+	if err := ValidateID("id", id); err != nil {
+		return Task{}, err
+	}
+	return s.store.Get(ctx, id, p.Owner)
+}
+
+// ListTasks implements TaskService.
+func (s *Server) ListTasks(ctx context.Context, req *taskrunnerv1.ListTasksRequest) (*taskrunnerv1.ListTasksResponse, error) {
+	p, err := auth.RequireScope(ctx, auth.ScopeTasks)
+	if err != nil {
+		return nil, err
+	}
+	var f Filter
+	if v := req.GetStatus(); v != "" {
+		st, ok := ParseStatus(v)
+		if !ok {
+			return nil, errs.Invalid("status", "unknown status %q (want one of proposing, queued, running, awaiting_review, done, failed, cancelled)", truncate(v, 40))
+		}
+		f.Status = st
+	}
+	if r := req.GetRepo(); r != "" {
+		if err := ValidateRepo("repo", r); err != nil {
+			return nil, err
+		}
+		f.Repo = r
+	}
+	size := int(req.GetPageSize())
+	switch {
+	case size < 0 || size > maxPageSize:
+		return nil, errs.Invalid("page_size", "must be between 1 and %d", maxPageSize)
+	case size == 0:
+		size = defaultPageSize
+	}
+	tasks, next, err := s.store.List(ctx, p.Owner, f, size, req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	out := &taskrunnerv1.ListTasksResponse{NextPageToken: next}
+	for _, t := range tasks {
+		out.Tasks = append(out.Tasks, ToProto(t))
+	}
+	return out, nil
+}
+
+// DispatchTask implements TaskService by delegating to DispatchService.
+func (s *Server) DispatchTask(ctx context.Context, req *taskrunnerv1.DispatchTaskRequest) (*taskrunnerv1.DispatchTaskResponse, error) {
+	t, err := s.owned(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if s.dispatcher == nil {
+		return nil, status.Error(codes.Unimplemented, "dispatch: no DispatchService is configured")
+	}
+	t, err = s.dispatcher.Dispatch(ctx, t.ID)
+	if err != nil {
+		return nil, err
+	}
+	return &taskrunnerv1.DispatchTaskResponse{Task: ToProto(t)}, nil
+}
+
+// CancelTask implements TaskService. A task that never ran is cancelled here;
+// a running one is handed to DispatchService, which stops its sandbox.
+func (s *Server) CancelTask(ctx context.Context, req *taskrunnerv1.CancelTaskRequest) (*taskrunnerv1.CancelTaskResponse, error) {
+	t, err := s.owned(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	reason := strings.TrimSpace(req.GetReason())
+	if reason == "" {
+		reason = "cancelled by " + t.Owner
+	}
+	if t.Status == StatusRunning && s.dispatcher != nil {
+		t, err = s.dispatcher.Cancel(ctx, t.ID, reason)
+	} else if t.Status == StatusRunning {
+		return nil, status.Error(codes.Unimplemented, "cancel: the task is running and no DispatchService is configured")
+	} else {
+		t, _, err = s.store.Advance(ctx, t.ID, t.Owner, Advance{Status: StatusCancelled, FailedReason: reason})
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.log.InfoContext(ctx, "task cancelled", "task_id", t.ID)
+	return &taskrunnerv1.CancelTaskResponse{Task: ToProto(t)}, nil
+}
+
+// RetryTask implements TaskService: a new task, linked to the old one.
+func (s *Server) RetryTask(ctx context.Context, req *taskrunnerv1.RetryTaskRequest) (*taskrunnerv1.RetryTaskResponse, error) {
+	old, err := s.owned(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if old.Status != StatusFailed && old.Status != StatusCancelled {
+		return nil, errs.Transition("task %s is %s: only failed or cancelled tasks can be retried", old.ID, old.Status)
+	}
+	n := NewTask{Owner: old.Owner, Repo: old.Repo, BaseBranch: old.BaseBranch, Prompt: old.Prompt, Agent: old.Agent,
+		IdempotencyKey: idempotencyKey(ctx, req.GetRequestId()), RetryOf: old.ID}
+	if err := n.Validate(); err != nil {
+		return nil, err
+	}
+	t, _, err := s.store.Create(ctx, n, "")
+	if err != nil {
+		return nil, err
+	}
+	return &taskrunnerv1.RetryTaskResponse{Task: ToProto(t)}, nil
+}
+
+// AdvanceTask implements the internal transition RPC.
+func (s *Server) AdvanceTask(ctx context.Context, req *taskrunnerv1.AdvanceTaskRequest) (*taskrunnerv1.AdvanceTaskResponse, error) {
+	if _, err := auth.RequireScope(ctx, auth.ScopeInternal); err != nil {
+		return nil, err
+	}
+	if err := ValidateID("task_id", req.GetTaskId()); err != nil {
+		return nil, err
+	}
+	a, err := AdvanceFromProto(req)
+	if err != nil {
+		return nil, err
+	}
+	t, applied, err := s.store.Advance(ctx, req.GetTaskId(), req.GetOwner(), a)
+	if err != nil {
+		return nil, err
+	}
+	return &taskrunnerv1.AdvanceTaskResponse{Task: ToProto(t), Applied: applied}, nil
+}
+
+// AdvanceFromProto converts and checks an AdvanceTaskRequest.
+func AdvanceFromProto(req *taskrunnerv1.AdvanceTaskRequest) (Advance, error) {
+	if req.GetSeq() < 0 {
+		return Advance{}, errs.Invalid("seq", "must not be negative")
+	}
+	a := Advance{Seq: req.GetSeq(), RequestID: req.GetRequestId(), PRURL: req.GetPrUrl(), PRNumber: req.GetPrNumber(),
+		FailedReason: req.GetFailedReason(), Heartbeat: req.GetHeartbeat()}
+	if req.GetStatus() != taskrunnerv1.TaskStatus_TASK_STATUS_UNSPECIFIED {
+		st, ok := statusFromProto[req.GetStatus()]
+		if !ok {
+			return a, errs.Invalid("status", "unknown status %d", req.GetStatus())
+		}
+		a.Status = st
+	}
+	if req.GetStage() != taskrunnerv1.TaskStage_TASK_STAGE_UNSPECIFIED {
+		sg, ok := stageFromProto[req.GetStage()]
+		if !ok {
+			return a, errs.Invalid("stage", "unknown stage %d", req.GetStage())
+		}
+		a.Stage = sg
+	}
+	if d := req.GetDiffStats(); d != nil {
+		a.Diff = &DiffStats{Additions: d.GetAdditions(), Deletions: d.GetDeletions(), FilesChanged: d.GetFilesChanged()}
+	}
+	if u := req.GetUsage(); u != nil {
+		a.Usage = &Usage{CostUSD: u.GetCostUsd(), TokensIn: u.GetTokensIn(), TokensOut: u.GetTokensOut()}
+	}
+	return a, nil
+}
+
+var (
+	statusToProto = map[Status]taskrunnerv1.TaskStatus{
+		StatusProposing:      taskrunnerv1.TaskStatus_TASK_STATUS_PROPOSING,
+		StatusQueued:         taskrunnerv1.TaskStatus_TASK_STATUS_QUEUED,
+		StatusRunning:        taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING,
+		StatusAwaitingReview: taskrunnerv1.TaskStatus_TASK_STATUS_AWAITING_REVIEW,
+		StatusDone:           taskrunnerv1.TaskStatus_TASK_STATUS_DONE,
+		StatusFailed:         taskrunnerv1.TaskStatus_TASK_STATUS_FAILED,
+		StatusCancelled:      taskrunnerv1.TaskStatus_TASK_STATUS_CANCELLED,
+	}
+	statusFromProto = invert(statusToProto)
+	stageToProto    = map[Stage]taskrunnerv1.TaskStage{
+		StageNone:    taskrunnerv1.TaskStage_TASK_STAGE_UNSPECIFIED,
+		StageExplore: taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE,
+		StagePropose: taskrunnerv1.TaskStage_TASK_STAGE_PROPOSE,
+		StageApply:   taskrunnerv1.TaskStage_TASK_STAGE_APPLY,
+		StageArchive: taskrunnerv1.TaskStage_TASK_STAGE_ARCHIVE,
+	}
+	stageFromProto = invert(stageToProto)
+	agentToProto   = map[Agent]taskrunnerv1.Agent{AgentClaude: taskrunnerv1.Agent_AGENT_CLAUDE, AgentCodex: taskrunnerv1.Agent_AGENT_CODEX}
+)
+
+func invert[K, V comparable](m map[K]V) map[V]K {
+	out := make(map[V]K, len(m))
+	for k, v := range m {
+		out[v] = k
+	}
+	return out
+}
+
+// StatusToProto converts a status.
+func StatusToProto(s Status) taskrunnerv1.TaskStatus { return statusToProto[s] }
+
+// StageToProto converts a stage.
+func StageToProto(s Stage) taskrunnerv1.TaskStage { return stageToProto[s] }
+
+// StageFromProto converts a stage; ok is false for unknown values.
+func StageFromProto(s taskrunnerv1.TaskStage) (Stage, bool) {
+	v, ok := stageFromProto[s]
+	return v, ok
+}
+
+// ToProto converts a stored task to its wire form.
+func ToProto(t Task) *taskrunnerv1.Task {
+	out := &taskrunnerv1.Task{
+		Id: t.ID, Owner: t.Owner, Repo: t.Repo, BaseBranch: t.BaseBranch, HeadBranch: t.HeadBranch, Prompt: t.Prompt,
+		Agent: agentToProto[t.Agent], Status: statusToProto[t.Status], Stage: stageToProto[t.Stage],
+		DiffStats: &taskrunnerv1.DiffStats{Additions: t.Diff.Additions, Deletions: t.Diff.Deletions, FilesChanged: t.Diff.FilesChanged},
+		Usage:     &taskrunnerv1.Usage{CostUsd: t.Usage.CostUSD, TokensIn: t.Usage.TokensIn, TokensOut: t.Usage.TokensOut},
+		PrUrl:     t.PRURL, PrNumber: t.PRNumber, FailedReason: t.FailedReason, LastSeq: t.LastSeq, TraceId: t.TraceID,
+		RetryOf:    t.RetryOf,
+		CreateTime: timestamppb.New(t.CreatedAt),
+		UpdateTime: timestamppb.New(t.UpdatedAt),
+	}
+	if t.DeadlineAt != nil {
+		out.DeadlineTime = timestamppb.New(*t.DeadlineAt)
+	}
+	if t.HeartbeatAt != nil {
+		out.HeartbeatTime = timestamppb.New(*t.HeartbeatAt)
+	}
+	return out
+}

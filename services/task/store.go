@@ -1,0 +1,219 @@
+package task
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/taskrunner/taskrunner/services/errs"
+	"github.com/taskrunner/taskrunner/services/store"
+)
+
+// Store is the tasks table.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// NewStore returns a Store on pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+const taskColumns = `id, owner, repo, base_branch, head_branch, prompt, agent, status, stage,
+	additions, deletions, files_changed, pr_url, pr_number, failed_reason, cost_usd, tokens_in, tokens_out,
+	deadline_at, last_seq, heartbeat_at, trace_id, coalesce(retry_of::text, ''), coalesce(idempotency_key, ''),
+	created_at, updated_at`
+
+func scanTask(row pgx.Row) (Task, error) {
+	var t Task
+	err := row.Scan(&t.ID, &t.Owner, &t.Repo, &t.BaseBranch, &t.HeadBranch, &t.Prompt, &t.Agent, &t.Status, &t.Stage,
+		&t.Diff.Additions, &t.Diff.Deletions, &t.Diff.FilesChanged, &t.PRURL, &t.PRNumber, &t.FailedReason,
+		&t.Usage.CostUSD, &t.Usage.TokensIn, &t.Usage.TokensOut,
+		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.RetryOf, &t.IdempotencyKey, &t.CreatedAt, &t.UpdatedAt)
+	return t, err
+}
+
+const insertTask = `INSERT INTO tasks (id, owner, repo, base_branch, head_branch, prompt, agent, status, retry_of, idempotency_key, trace_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, 'proposing', $8, $9, $10)
+ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING ` + taskColumns
+
+const selectByKey = `SELECT ` + taskColumns + ` FROM tasks WHERE owner = $1 AND idempotency_key = $2`
+
+// Create inserts a task, or returns the task created earlier with the same
+// idempotency key (created = false). A reused key with different parameters
+// is a conflict.
+func (s *Store) Create(ctx context.Context, n NewTask, traceID string) (t Task, created bool, err error) {
+	id := uuid.NewString()
+	var key, retryOf *string
+	if n.IdempotencyKey != "" {
+		key = &n.IdempotencyKey
+	}
+	if n.RetryOf != "" {
+		retryOf = &n.RetryOf
+	}
+	t, err = scanTask(s.pool.QueryRow(ctx, insertTask, id, n.Owner, n.Repo, n.BaseBranch, HeadBranch(id), n.Prompt, n.Agent, retryOf, key, traceID))
+	if err == nil {
+		return t, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) || key == nil {
+		return Task{}, false, err
+	}
+	// The key exists: ON CONFLICT DO NOTHING waited for the other insert.
+	t, err = scanTask(s.pool.QueryRow(ctx, selectByKey, n.Owner, n.IdempotencyKey))
+	if err != nil {
+		return Task{}, false, err
+	}
+	if t.Repo != n.Repo || t.BaseBranch != n.BaseBranch || t.Prompt != n.Prompt || t.Agent != n.Agent || t.RetryOf != n.RetryOf {
+		return Task{}, false, errs.Conflict("idempotency key %q was already used for a different request", n.IdempotencyKey)
+	}
+	return t, false, nil
+}
+
+const selectTask = `SELECT ` + taskColumns + ` FROM tasks WHERE id = $1 AND ($2 = '' OR owner = $2)`
+
+// Get returns a task; owner "" matches any owner. Another owner's task is
+// NotFound, exactly like a missing one.
+func (s *Store) Get(ctx context.Context, id, owner string) (Task, error) {
+	t, err := scanTask(s.pool.QueryRow(ctx, selectTask, id, owner))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Task{}, errs.NotFound("task", id)
+	}
+	return t, err
+}
+
+// Filter narrows List.
+type Filter struct {
+	Status Status
+	Repo   string
+}
+
+type cursor struct {
+	CreatedAt time.Time `json:"c"`
+	ID        string    `json:"i"`
+}
+
+// EncodeCursor makes an opaque page token.
+func encodeCursor(t Task) string {
+	b, _ := json.Marshal(cursor{t.CreatedAt, t.ID})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(tok string) (*cursor, error) {
+	if tok == "" {
+		return nil, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	var c cursor
+	if err == nil {
+		err = json.Unmarshal(b, &c)
+	}
+	if err != nil || c.ID == "" {
+		return nil, errs.Invalid("page_token", "is not a token returned by ListTasks")
+	}
+	return &c, nil
+}
+
+const listTasks = `SELECT ` + taskColumns + ` FROM tasks
+WHERE owner = $1
+  AND ($2 = '' OR status = $2)
+  AND ($3 = '' OR repo = $3)
+  AND ($4::timestamptz IS NULL OR (created_at, id) < ($4, $5::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $6`
+
+// List returns one page of an owner's tasks, newest first.
+func (s *Store) List(ctx context.Context, owner string, f Filter, pageSize int, pageToken string) ([]Task, string, error) {
+	c, err := decodeCursor(pageToken)
+	if err != nil {
+		return nil, "", err
+	}
+	var after *time.Time
+	afterID := uuid.Nil.String()
+	if c != nil {
+		after, afterID = &c.CreatedAt, c.ID
+	}
+	rows, err := s.pool.Query(ctx, listTasks, owner, string(f.Status), f.Repo, after, afterID, pageSize+1)
+	if err != nil {
+		return nil, "", err
+	}
+	tasks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return scanTask(r) })
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(tasks) > pageSize {
+		tasks = tasks[:pageSize]
+		next = encodeCursor(tasks[len(tasks)-1])
+	}
+	return tasks, next, nil
+}
+
+const (
+	lockTask      = `SELECT ` + taskColumns + ` FROM tasks WHERE id = $1 AND ($2 = '' OR owner = $2) FOR UPDATE`
+	hasSandbox    = `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE task_id = $1)`
+	rememberReq   = `INSERT INTO task_requests (task_id, request_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+	updateAdvance = `UPDATE tasks SET status = $2, stage = $3, additions = $4, deletions = $5, files_changed = $6,
+	pr_url = $7, pr_number = $8, failed_reason = $9, cost_usd = $10, tokens_in = $11, tokens_out = $12,
+	last_seq = greatest(last_seq, $13), heartbeat_at = CASE WHEN $14 THEN now() ELSE heartbeat_at END,
+	queued_at = CASE WHEN $2 = 'queued' AND status <> 'queued' THEN now() ELSE queued_at END,
+	updated_at = now()
+WHERE id = $1
+RETURNING ` + taskColumns
+)
+
+// Advance applies a transition atomically and idempotently: a repeated Seq or
+// RequestID returns the current task with applied = false and changes nothing.
+func (s *Store) Advance(ctx context.Context, id, owner string, a Advance) (t Task, applied bool, err error) {
+	err = store.WithTx(ctx, s.pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+		var err error
+		applied = false
+		t, applied, err = AdvanceTx(ctx, tx, id, owner, a)
+		return err
+	})
+	return t, applied, err
+}
+
+// AdvanceTx is Advance inside the caller's transaction, so other services
+// (Events, Dispatch) can commit a transition with their own rows.
+func AdvanceTx(ctx context.Context, tx pgx.Tx, id, owner string, a Advance) (Task, bool, error) {
+	cur, err := scanTask(tx.QueryRow(ctx, lockTask, id, owner))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Task{}, false, errs.NotFound("task", id)
+	}
+	if err != nil {
+		return Task{}, false, err
+	}
+	if a.Seq > 0 && a.Seq <= cur.LastSeq {
+		return cur, false, nil
+	}
+	if a.RequestID != "" {
+		tag, err := tx.Exec(ctx, rememberReq, id, a.RequestID)
+		if err != nil {
+			return Task{}, false, err
+		}
+		if tag.RowsAffected() == 0 {
+			return cur, false, nil
+		}
+	}
+	sandbox := false
+	if a.Status == StatusRunning && cur.Status != StatusRunning {
+		if err := tx.QueryRow(ctx, hasSandbox, id).Scan(&sandbox); err != nil {
+			return Task{}, false, err
+		}
+	}
+	n, err := Apply(cur, a, sandbox)
+	if err != nil {
+		return cur, false, err
+	}
+	out, err := scanTask(tx.QueryRow(ctx, updateAdvance, id, n.Status, n.Stage, n.Diff.Additions, n.Diff.Deletions, n.Diff.FilesChanged,
+		n.PRURL, n.PRNumber, n.FailedReason, n.Usage.CostUSD, n.Usage.TokensIn, n.Usage.TokensOut, a.Seq, a.Heartbeat))
+	if err != nil {
+		return Task{}, false, err
+	}
+	return out, true, nil
+}
