@@ -34,7 +34,7 @@ type Config struct {
 	// WebhookSecret signs webhook bodies (X-Hub-Signature-256).
 	WebhookSecret string
 	// PublicURL is the forge's external base URL used in html_url/clone_url fields.
-	// Empty means: derive it from each request's Host (webhooks then use the last seen one).
+	// Empty means: derive it from each request's Host.
 	PublicURL string
 	// Now is the clock; default time.Now. Tests inject one to expire tokens.
 	Now func() time.Time
@@ -81,6 +81,8 @@ type Request struct {
 	JWTClaims map[string]any
 	// TokenID identifies the installation token ("ghs-N") or "personal"; never the token text.
 	TokenID string
+	// IssuedTokenID is the id of the installation token an access_tokens request created.
+	IssuedTokenID string
 	// Status is the HTTP status the forge answered with.
 	Status int
 }
@@ -105,8 +107,8 @@ type Forge struct {
 	hookClient  *http.Client
 	handler     http.Handler
 
-	createMu sync.Mutex // serialises repository creation
-	wg       sync.WaitGroup
+	writeMu sync.Mutex // serialises repository creation and merges
+	wg      sync.WaitGroup
 
 	mu            sync.Mutex
 	nextID        int64
@@ -117,7 +119,8 @@ type Forge struct {
 	tokens        map[string]*token
 	requests      []*Request
 	deliveries    []Delivery
-	lastBase      string
+	queue         []pendingDelivery
+	delivering    bool
 	closed        bool
 }
 
@@ -173,7 +176,6 @@ func New(cfg Config) (*Forge, error) {
 		installations: map[int64]*owner{},
 		repos:         map[string]*repo{},
 		tokens:        map[string]*token{},
-		lastBase:      strings.TrimSuffix(cfg.PublicURL, "/"),
 	}
 	f.handler = f.routes()
 	if err := f.loadExisting(context.Background()); err != nil {

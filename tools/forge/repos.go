@@ -103,8 +103,8 @@ func (f *Forge) createRepo(ownerLogin, name string, fill func(string) error, wor
 	if !validName(ownerLogin) || !validName(name) {
 		return fmt.Errorf("forge: invalid repository name %q/%q", ownerLogin, name)
 	}
-	f.createMu.Lock()
-	defer f.createMu.Unlock()
+	f.writeMu.Lock()
+	defer f.writeMu.Unlock()
 	f.mu.Lock()
 	_, exists := f.repos[strings.ToLower(ownerLogin+"/"+name)]
 	if o := f.owners[strings.ToLower(ownerLogin)]; o != nil {
