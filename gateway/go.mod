@@ -8,6 +8,7 @@ require (
 	github.com/caarlos0/env/v11 v11.4.2 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
+	github.com/taskrunner/taskrunner/services v0.0.0
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
@@ -19,3 +20,5 @@ require (
 )
 
 replace github.com/taskrunner/taskrunner/proto => ../proto
+
+replace github.com/taskrunner/taskrunner/services => ../services
