@@ -5,6 +5,8 @@ go 1.26.7
 require (
 	github.com/caarlos0/env/v11 v11.4.2 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
+	github.com/google/go-github/v62 v62.0.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -28,6 +30,11 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-require github.com/taskrunner/taskrunner/proto v0.0.0
+require (
+	github.com/taskrunner/taskrunner/proto v0.0.0
+	github.com/taskrunner/taskrunner/runner v0.0.0
+)
 
 replace github.com/taskrunner/taskrunner/proto => ../proto
+
+replace github.com/taskrunner/taskrunner/runner => ../runner

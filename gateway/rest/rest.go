@@ -166,7 +166,19 @@ func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 			}
 		}
 	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, &challengeWriter{ResponseWriter: w}, r, err)
+}
+
+// challengeWriter replaces the WWW-Authenticate value grpc-gateway derives
+// from the status message with a proper Bearer challenge (RFC 6750).
+type challengeWriter struct{ http.ResponseWriter }
+
+func (c *challengeWriter) WriteHeader(code int) {
+	if code == http.StatusUnauthorized {
+		c.Header().Set("WWW-Authenticate", `Bearer realm="taskrunner"`)
+	}
+	c.Header().Del("Grpcgateway-Content-Type")
+	c.ResponseWriter.WriteHeader(code)
 }
 
 func routingErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {

@@ -167,6 +167,7 @@ func TestBadRequestsOverREST(t *testing.T) {
 	}
 	r := e.do(t, "POST", "/v1/tasks", "", `{"repo":"a/b","prompt":"p"}`)
 	require.Equal(t, http.StatusUnauthorized, r.status, r.raw)
+	require.Equal(t, `Bearer realm="taskrunner"`, r.header.Get("WWW-Authenticate"))
 	r = e.do(t, "GET", "/v1/tasks", "", "", "Authorization", "Bearer trt_wrongwrongwrongwrongwrong")
 	require.Equal(t, http.StatusUnauthorized, r.status, r.raw)
 	require.Zero(t, e.rows(t))

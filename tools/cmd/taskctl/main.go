@@ -194,7 +194,7 @@ func taskCmd(g *globals) *cobra.Command {
 			fmt.Fprintln(tw, "ID\tSTATUS\tSTAGE\tREPO\tCREATED\tPROMPT")
 			for _, t := range resp.GetTasks() {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.GetId(), short(t.GetStatus().String(), "TASK_STATUS_"),
-					short(t.GetStage().String(), "TASK_STAGE_"), t.GetRepo(), t.GetCreateTime().AsTime().Local().Format(time.DateTime), clip(t.GetPrompt(), 40))
+					stageName(t.GetStage()), t.GetRepo(), t.GetCreateTime().AsTime().Local().Format(time.DateTime), clip(t.GetPrompt(), 40))
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -325,6 +325,13 @@ func (g *globals) printTask(t *taskrunnerv1.Task) error {
 	row("trace", t.GetTraceId())
 	row("created", t.GetCreateTime().AsTime().Local().Format(time.DateTime))
 	return tw.Flush()
+}
+
+func stageName(s taskrunnerv1.TaskStage) string {
+	if s == taskrunnerv1.TaskStage_TASK_STAGE_UNSPECIFIED {
+		return "-"
+	}
+	return short(s.String(), "TASK_STAGE_")
 }
 
 func short(s, prefix string) string { return strings.ToLower(strings.TrimPrefix(s, prefix)) }

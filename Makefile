@@ -1,0 +1,58 @@
+# taskrunner — the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+GO ?= go
+DEV := .dev
+BIN := $(DEV)/bin
+PKGS := ./proto/... ./services/... ./gateway/... ./runner/... ./tools/...
+BINARIES := ./services/cmd/taskrunnerd ./gateway/cmd/gateway ./tools/cmd/taskctl ./tools/cmd/forge \
+            ./tools/cmd/modelapi ./tools/cmd/devstack
+
+.PHONY: help run test build proto lint npm check-go check-node clean
+
+help:
+	@echo "make run    - bring the whole stack up locally (Ctrl-C stops it)"
+	@echo "make test   - install what is needed, then run every test of every module"
+	@echo "make proto  - lint the protos and regenerate Go, gateway and OpenAPI code"
+	@echo "make build  - build all binaries into $(BIN)/"
+
+check-go:
+	@command -v $(GO) >/dev/null || { echo "Go is required (https://go.dev/dl); none found on PATH" >&2; exit 1; }
+
+check-node:
+	@command -v npm >/dev/null || { echo "Node.js and npm are required for the agent CLIs: apt-get install nodejs npm" >&2; exit 1; }
+
+# The agent CLIs (Claude Code, Codex, OpenSpec), pinned in package-lock.json.
+npm: node_modules/.installed
+node_modules/.installed: package.json package-lock.json | check-node
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+build: check-go
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ $(BINARIES)
+
+run: build npm
+	$(BIN)/devstack up --dev-dir $(DEV) --bin-dir $(BIN)
+
+# Tests need PostgreSQL and Redis: `devstack deps` finds them or starts
+# throwaway ones under .dev/, and TASKRUNNER_REQUIRE_SERVICES makes any test
+# that cannot reach them fail instead of skip.
+test: check-go npm
+	@mkdir -p $(DEV)
+	$(GO) build -o $(BIN)/devstack ./tools/cmd/devstack
+	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/test.env
+	source $(DEV)/test.env && TASKRUNNER_REQUIRE_SERVICES=1 TASKRUNNER_REQUIRE_AGENTS=1 \
+	  $(GO) test -count=1 -timeout 30m $(PKGS)
+
+lint: check-go
+	$(GO) tool buf lint
+	$(GO) vet $(PKGS)
+
+proto: check-go
+	$(GO) tool buf lint
+	rm -rf proto/gen
+	$(GO) tool buf generate
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,395 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/errs"
+	"github.com/taskrunner/taskrunner/services/store"
+	"github.com/taskrunner/taskrunner/services/task"
+)
+
+// submission is one thing a runner stream asks the committer to do: persist
+// an event (ev != nil) or record a heartbeat (ev == nil).
+type submission struct {
+	taskID  string
+	ev      *taskrunnerv1.Event
+	typ     string
+	payload []byte
+	sink    *sink
+}
+
+// sink collects a stream's results without ever blocking the committer: the
+// highest acknowledged seq and the first refusal, plus a one-slot wake-up.
+type sink struct {
+	mu     sync.Mutex
+	ack    int64
+	err    error
+	notify chan struct{}
+}
+
+func newSink() *sink { return &sink{notify: make(chan struct{}, 1)} }
+
+func (s *sink) acked(seq int64) {
+	s.mu.Lock()
+	if seq > s.ack {
+		s.ack = seq
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *sink) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *sink) wake() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (s *sink) state() (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ack, s.err
+}
+
+// published is one committed event on its way to Redis.
+type published struct {
+	channel string
+	payload []byte
+}
+
+// committer batches the submissions of every stream into few transactions
+// (group commit). One goroutine commits; a second publishes committed events
+// to Redis in commit order, so a slow Redis never delays an acknowledgement.
+type committer struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	rdb     redis.UniversalClient
+	log     *slog.Logger
+	in      chan *submission
+	publish chan []published
+}
+
+func newCommitter(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) *committer {
+	return &committer{cfg: cfg, pool: pool, rdb: rdb, log: log,
+		in: make(chan *submission, cfg.QueueSize), publish: make(chan []published, 256)}
+}
+
+// run commits until ctx ends. Submissions still queued then are dropped: they
+// were never acknowledged, so their runners resend them after reconnecting.
+func (c *committer) run(ctx context.Context) {
+	defer close(c.publish)
+	batch := make([]*submission, 0, c.cfg.MaxBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return
+		case s := <-c.in:
+			batch = append(batch, s)
+		}
+		batch = c.fill(ctx, batch)
+		c.commit(batch)
+	}
+}
+
+// fill adds whatever is queued, then waits up to MaxBatchDelay for more,
+// stopping at MaxBatch.
+func (c *committer) fill(ctx context.Context, batch []*submission) []*submission {
+	var timer <-chan time.Time
+	for len(batch) < c.cfg.MaxBatch {
+		select {
+		case s := <-c.in:
+			batch = append(batch, s)
+			continue
+		default:
+		}
+		if timer == nil {
+			timer = time.After(c.cfg.MaxBatchDelay)
+		}
+		select {
+		case s := <-c.in:
+			batch = append(batch, s)
+		case <-timer:
+			return batch
+		case <-ctx.Done():
+			return batch
+		}
+	}
+	return batch
+}
+
+// runPublisher publishes committed events in commit order until the
+// committer stops. A failed publish is logged: the events are durable and
+// subscribers fill gaps from PostgreSQL.
+func (c *committer) runPublisher() {
+	for msgs := range c.publish {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, m := range msgs {
+				p.Publish(ctx, m.channel, m.payload)
+			}
+			return nil
+		})
+		cancel()
+		if err != nil {
+			c.log.Warn("events: publish to redis failed; subscribers will read from the database", "events", len(msgs), "error", err)
+		}
+	}
+}
+
+// refusal is returned from inside the transaction when the state machine
+// rejects an event: the transaction is rolled back and the batch retried
+// without it.
+type refusal struct {
+	sub *submission
+	err error
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+
+// outcome of a batch for one submission.
+type outcome struct {
+	ok  bool  // persisted now or before (ack it)
+	err error // refused
+}
+
+// commit persists a batch and reports to every stream. It uses its own
+// context: a batch that started is finished even while the server stops.
+func (c *committer) commit(batch []*submission) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	refused := map[*submission]error{}
+	var outs map[*submission]outcome
+	var pubs []published
+	var err error
+	for range len(batch) + 1 {
+		err = store.WithTx(ctx, c.pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+			var err error
+			outs, pubs, err = c.apply(ctx, tx, batch, refused)
+			return err
+		})
+		var r *refusal
+		if errors.As(err, &r) {
+			refused[r.sub] = r.err
+			continue
+		}
+		break
+	}
+	if err != nil {
+		c.log.Error("events: group commit failed", "events", len(batch), "error", err)
+		for _, s := range batch {
+			s.sink.fail(errs.Unavailable("events could not be stored; reconnect and resend"))
+		}
+		return
+	}
+	for _, s := range batch {
+		o := outs[s]
+		switch {
+		case o.err != nil:
+			s.sink.fail(o.err)
+		case o.ok && s.ev != nil:
+			s.sink.acked(s.ev.GetSeq())
+		}
+	}
+	if len(pubs) > 0 {
+		c.publish <- pubs
+	}
+}
+
+const (
+	lockTasks = `SELECT id::text, status FROM tasks WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`
+	// Read after the lock, in a statement of its own: under READ COMMITTED it
+	// then sees every event committed by whoever held the lock before us.
+	lastSeqs     = `SELECT task_id::text, max(seq) FROM task_events WHERE task_id = ANY($1::uuid[]) GROUP BY task_id`
+	insertEvents = `INSERT INTO task_events (task_id, seq, type, payload)
+SELECT t::uuid, s, ty, p::jsonb FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS u(t, s, ty, p)
+ON CONFLICT (task_id, seq) DO NOTHING`
+	touchHeartbeat = `UPDATE tasks SET heartbeat_at = now() WHERE id = ANY($1::uuid[]) AND status = 'running'`
+)
+
+// acceptsEvents reports whether a task in status st may still receive runner
+// events: not after its terminal event (awaiting_review follows completed).
+func acceptsEvents(st task.Status) bool {
+	return st == task.StatusProposing || st == task.StatusQueued || st == task.StatusRunning
+}
+
+// apply writes one batch inside tx. Events are checked per task, in arrival
+// order: a repeated seq is acknowledged and skipped, a gap or an event after
+// the terminal one is refused, and transitions go through task.AdvanceTx,
+// whose refusal aborts the attempt (see refusal).
+func (c *committer) apply(ctx context.Context, tx pgx.Tx, batch []*submission, refused map[*submission]error) (map[*submission]outcome, []published, error) {
+	outs := make(map[*submission]outcome, len(batch))
+	var ids, beats []string
+	byTask := map[string][]*submission{}
+	for _, s := range batch {
+		if _, seen := byTask[s.taskID]; !seen {
+			ids = append(ids, s.taskID)
+			byTask[s.taskID] = nil
+		}
+		if s.ev == nil {
+			beats = append(beats, s.taskID)
+			outs[s] = outcome{ok: true}
+			continue
+		}
+		byTask[s.taskID] = append(byTask[s.taskID], s)
+	}
+	slices.Sort(ids)
+
+	status := map[string]task.Status{}
+	rows, err := tx.Query(ctx, lockTasks, ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		var id string
+		var st task.Status
+		if err := rows.Scan(&id, &st); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		status[id] = st
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	last := map[string]int64{}
+	rows, err = tx.Query(ctx, lastSeqs, ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		var id string
+		var seq int64
+		if err := rows.Scan(&id, &seq); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		last[id] = seq
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+
+	var (
+		rTask, rType, rPayload []string
+		rSeq                   []int64
+		pubs                   []published
+		advances               []*submission
+	)
+	for _, id := range ids {
+		st, exists := status[id]
+		cur := last[id]
+		ended := false
+		for _, s := range byTask[id] {
+			seq := s.ev.GetSeq()
+			if err, ok := refused[s]; ok {
+				outs[s] = outcome{err: err}
+				continue
+			}
+			switch {
+			case !exists:
+				outs[s] = outcome{err: errs.Transition("task %s does not exist", id)}
+				continue
+			case seq <= cur:
+				outs[s] = outcome{ok: true} // redelivery: already stored
+				continue
+			case seq != cur+1:
+				outs[s] = outcome{err: errs.Transition("event seq %d of task %s does not follow the last persisted seq %d: events must be sent in order, without gaps", seq, id, cur)}
+				continue
+			case ended || !acceptsEvents(st):
+				outs[s] = outcome{err: errs.Transition("task %s is %s: no event is accepted after its terminal event (got seq %d)", id, terminalStatus(st, ended), seq)}
+				continue
+			}
+			if _, has, err := advanceFor(s.ev); err != nil {
+				outs[s] = outcome{err: err}
+				continue
+			} else if has {
+				advances = append(advances, s)
+			}
+			cur = seq
+			ended = IsTerminal(s.ev)
+			outs[s] = outcome{ok: true}
+			rTask, rSeq, rType, rPayload = append(rTask, id), append(rSeq, seq), append(rType, s.typ), append(rPayload, string(s.payload))
+			pubs = append(pubs, published{channel: Channel(c.cfg.RedisPrefix, id), payload: s.payload})
+		}
+	}
+	if len(rSeq) > 0 {
+		if _, err := tx.Exec(ctx, insertEvents, rTask, rSeq, rType, rPayload); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, s := range advances {
+		a, _, _ := advanceFor(s.ev)
+		if _, _, err := task.AdvanceTx(ctx, tx, s.taskID, "", a); err != nil {
+			var de *errs.Error
+			if errors.As(err, &de) {
+				return nil, nil, &refusal{sub: s, err: err}
+			}
+			return nil, nil, err
+		}
+	}
+	if len(beats) > 0 {
+		if _, err := tx.Exec(ctx, touchHeartbeat, beats); err != nil {
+			return nil, nil, err
+		}
+	}
+	return outs, pubs, nil
+}
+
+func terminalStatus(st task.Status, ended bool) string {
+	if ended {
+		return "finishing"
+	}
+	return string(st)
+}
+
+// advanceFor is the task transition an event asks for, if any.
+func advanceFor(e *taskrunnerv1.Event) (task.Advance, bool, error) {
+	a := task.Advance{Seq: e.GetSeq()}
+	switch p := e.GetPayload().(type) {
+	case *taskrunnerv1.Event_StageChange:
+		st, ok := task.StageFromProto(p.StageChange.GetStage())
+		if !ok || st == task.StageNone {
+			return a, false, errs.Invalid("stage_change.stage", "unknown stage %d", p.StageChange.GetStage())
+		}
+		a.Stage = st
+	case *taskrunnerv1.Event_DiffStats:
+		d := p.DiffStats
+		a.Diff = &task.DiffStats{Additions: d.GetAdditions(), Deletions: d.GetDeletions(), FilesChanged: d.GetFilesChanged()}
+	case *taskrunnerv1.Event_Usage:
+		u := p.Usage
+		a.Usage = &task.Usage{CostUSD: u.GetCostUsd(), TokensIn: u.GetTokensIn(), TokensOut: u.GetTokensOut()}
+	case *taskrunnerv1.Event_Completed:
+		a.Status, a.PRURL, a.PRNumber = task.StatusAwaitingReview, p.Completed.GetPrUrl(), p.Completed.GetPrNumber()
+	case *taskrunnerv1.Event_Failed:
+		a.Status, a.PRURL, a.PRNumber = task.StatusFailed, p.Failed.GetPrUrl(), p.Failed.GetPrNumber()
+		a.FailedReason = p.Failed.GetReason()
+		if a.FailedReason == "" {
+			a.FailedReason = "runner reported a failure without a reason"
+		}
+	case *taskrunnerv1.Event_Cancelled:
+		a.Status, a.FailedReason = task.StatusCancelled, p.Cancelled.GetReason()
+	default:
+		return a, false, nil
+	}
+	return a, true, nil
+}

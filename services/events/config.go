@@ -1,0 +1,96 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ProtocolVersion is the runner protocol version this server speaks.
+const ProtocolVersion = 1
+
+// Config holds the Events service settings. Zero values take the defaults
+// below (see withDefaults); Validate rejects nonsense.
+type Config struct {
+	// TrustDomain is the SPIFFE trust domain of runner certificates
+	// (spiffe://<trust-domain>/task/<id>). Required.
+	TrustDomain string
+	// RedisPrefix is prepended to every Redis channel name (may be empty).
+	RedisPrefix string
+	// HeartbeatInterval is sent to runners in Welcome. Default 10s.
+	HeartbeatInterval time.Duration
+	// HelloTimeout bounds the wait for a runner's Hello. Default 30s.
+	HelloTimeout time.Duration
+	// MaxBatch is the most events one group-commit transaction holds.
+	// Default 500.
+	MaxBatch int
+	// MaxBatchDelay is how long the committer waits for more events after
+	// the first one of a batch; 0 commits whatever has arrived at once
+	// (batches still form while the previous commit runs). Default 2ms.
+	MaxBatchDelay time.Duration
+	// MaxEventBytes bounds one event's JSON form. Default 64 KiB.
+	MaxEventBytes int
+	// QueueSize is the committer's input queue; a full queue slows the
+	// runner streams down (gRPC flow control). Default 4096.
+	QueueSize int
+}
+
+// Defaults.
+const (
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultHelloTimeout      = 30 * time.Second
+	DefaultMaxBatch          = 500
+	DefaultMaxBatchDelay     = 2 * time.Millisecond
+	DefaultMaxEventBytes     = 64 << 10
+	DefaultQueueSize         = 4096
+)
+
+func (c Config) withDefaults() Config {
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.HelloTimeout == 0 {
+		c.HelloTimeout = DefaultHelloTimeout
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.MaxBatchDelay == 0 {
+		c.MaxBatchDelay = DefaultMaxBatchDelay
+	}
+	if c.MaxEventBytes == 0 {
+		c.MaxEventBytes = DefaultMaxEventBytes
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = DefaultQueueSize
+	}
+	return c
+}
+
+// Validate checks the configuration (after defaults are applied).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.TrustDomain == "" {
+		errs = append(errs, errors.New("events: TrustDomain is required"))
+	}
+	if c.HeartbeatInterval < time.Second || c.HeartbeatInterval > time.Hour {
+		errs = append(errs, fmt.Errorf("events: HeartbeatInterval %s out of range 1s..1h", c.HeartbeatInterval))
+	}
+	if c.HelloTimeout < 0 {
+		errs = append(errs, fmt.Errorf("events: HelloTimeout %s must be positive", c.HelloTimeout))
+	}
+	if c.MaxBatch < 1 || c.MaxBatch > 10000 {
+		errs = append(errs, fmt.Errorf("events: MaxBatch %d out of range 1..10000", c.MaxBatch))
+	}
+	if c.MaxBatchDelay < 0 || c.MaxBatchDelay > time.Second {
+		errs = append(errs, fmt.Errorf("events: MaxBatchDelay %s out of range 0..1s", c.MaxBatchDelay))
+	}
+	if c.MaxEventBytes < 1024 {
+		errs = append(errs, fmt.Errorf("events: MaxEventBytes %d below 1024", c.MaxEventBytes))
+	}
+	if c.QueueSize < 1 {
+		errs = append(errs, fmt.Errorf("events: QueueSize %d must be positive", c.QueueSize))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,95 @@
+package events
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+)
+
+// Event type names: task_events.type, SSE event names and TypeName's results.
+const (
+	TypeStageChange = "stage_change"
+	TypeLog         = "log"
+	TypeDiffStats   = "diff_stats"
+	TypeUsage       = "usage"
+	TypeCompleted   = "completed"
+	TypeFailed      = "failed"
+	TypeCancelled   = "cancelled"
+)
+
+// Channel is the Redis pub/sub channel carrying a task's committed events:
+// <prefix>taskrunner:task:<task-id>:events. Each message is EncodeEvent of one
+// event, published only after the event is committed, in seq order per task.
+func Channel(prefix, taskID string) string {
+	return prefix + "taskrunner:task:" + taskID + ":events"
+}
+
+// CancelChannel is the Redis pub/sub channel that asks whichever replica holds
+// a task's runner stream to push Cancel: <prefix>taskrunner:task:<task-id>:cancel.
+// The message is the reason as plain UTF-8 text.
+func CancelChannel(prefix, taskID string) string {
+	return prefix + "taskrunner:task:" + taskID + ":cancel"
+}
+
+// cancelPattern matches every CancelChannel of a prefix (PSUBSCRIBE).
+func cancelPattern(prefix string) string {
+	return prefix + "taskrunner:task:*:cancel"
+}
+
+// taskFromCancelChannel extracts the task id from a CancelChannel name.
+func taskFromCancelChannel(prefix, channel string) (string, bool) {
+	head := prefix + "taskrunner:task:"
+	const tail = ":cancel"
+	if len(channel) <= len(head)+len(tail) || channel[:len(head)] != head || channel[len(channel)-len(tail):] != tail {
+		return "", false
+	}
+	return channel[len(head) : len(channel)-len(tail)], true
+}
+
+// TypeName is the type name of e's payload ("" when it has none).
+func TypeName(e *taskrunnerv1.Event) string {
+	switch e.GetPayload().(type) {
+	case *taskrunnerv1.Event_StageChange:
+		return TypeStageChange
+	case *taskrunnerv1.Event_Log:
+		return TypeLog
+	case *taskrunnerv1.Event_DiffStats:
+		return TypeDiffStats
+	case *taskrunnerv1.Event_Usage:
+		return TypeUsage
+	case *taskrunnerv1.Event_Completed:
+		return TypeCompleted
+	case *taskrunnerv1.Event_Failed:
+		return TypeFailed
+	case *taskrunnerv1.Event_Cancelled:
+		return TypeCancelled
+	}
+	return ""
+}
+
+// IsTerminal reports whether e is the last event of its task (completed,
+// failed or cancelled): a stream of the task's events ends after it.
+func IsTerminal(e *taskrunnerv1.Event) bool {
+	switch TypeName(e) {
+	case TypeCompleted, TypeFailed, TypeCancelled:
+		return true
+	}
+	return false
+}
+
+// EncodeEvent is the wire form of an event in Redis messages and in
+// task_events.payload: protojson of taskrunnerv1.Event (seq, time, payload).
+func EncodeEvent(e *taskrunnerv1.Event) ([]byte, error) {
+	return protojson.Marshal(e)
+}
+
+// DecodeEvent parses EncodeEvent's output (or a stored payload).
+func DecodeEvent(b []byte) (*taskrunnerv1.Event, error) {
+	e := &taskrunnerv1.Event{}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, e); err != nil {
+		return nil, fmt.Errorf("events: decode event: %w", err)
+	}
+	return e, nil
+}

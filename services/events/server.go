@@ -1,0 +1,360 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/errs"
+	"github.com/taskrunner/taskrunner/services/pki"
+	"github.com/taskrunner/taskrunner/services/task"
+)
+
+// ReasonTaskFinished is the ErrorInfo reason of the FailedPrecondition that
+// refuses a Hello for a finished task. Its metadata carries
+// "last_persisted_seq", so a runner whose final event was stored but not
+// acknowledged before the connection broke can tell that it is done.
+const ReasonTaskFinished = "TASK_FINISHED"
+
+// Server implements EventsService. Create it with New and stop it with Close.
+type Server struct {
+	taskrunnerv1.UnimplementedEventsServiceServer
+
+	cfg    Config
+	rdb    redis.UniversalClient
+	log    *slog.Logger
+	store  *Store
+	tasks  *task.Store
+	commit *committer
+
+	ctx    context.Context // ends at Close: streams return Unavailable
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	closed sync.Once
+	ready  chan struct{}
+
+	mu   sync.Mutex
+	live map[string]map[*runnerConn]struct{} // task id → its runner streams here
+}
+
+var _ taskrunnerv1.EventsServiceServer = (*Server)(nil)
+
+// runnerConn is one runner stream held by this replica, for Cancel delivery.
+type runnerConn struct {
+	cancel chan string
+}
+
+// New validates cfg and starts the group committer, the Redis publisher and
+// the replica's Cancel subscription (one PSUBSCRIBE for all streams). pool
+// must hold the migrated schema; rdb is the shared Redis; logger must not be
+// nil. Call Close before the gRPC server's GracefulStop so runner streams end
+// (with Unavailable: runners reconnect to another replica).
+func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if pool == nil || rdb == nil || logger == nil {
+		return nil, errors.New("events: New needs a pool, a redis client and a logger")
+	}
+	cfg = cfg.withDefaults()
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Server{
+		cfg: cfg, rdb: rdb, log: logger, store: NewStore(pool), tasks: task.NewStore(pool),
+		commit: newCommitter(cfg, pool, rdb, logger),
+		ctx:    ctx, stop: stop, ready: make(chan struct{}),
+		live: map[string]map[*runnerConn]struct{}{},
+	}
+	s.wg.Add(3)
+	go func() { defer s.wg.Done(); s.commit.run(ctx) }()
+	go func() { defer s.wg.Done(); s.commit.runPublisher() }()
+	go func() { defer s.wg.Done(); s.runCancels(ctx) }()
+	return s, nil
+}
+
+// Store returns the read side of task_events (for the gateway's replay).
+func (s *Server) Store() *Store { return s.store }
+
+// Ready is closed once this replica's Cancel subscription is active.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// Close ends every stream with Unavailable, finishes the batch being
+// committed and stops the background goroutines. It is idempotent.
+func (s *Server) Close() {
+	s.closed.Do(func() {
+		s.stop()
+		s.wg.Wait()
+	})
+}
+
+// Cancel asks whichever replica holds the task's runner stream to push
+// Cancel{reason} to the runner. It is fire-and-forget: a runner that is not
+// connected at that moment does not get it (the task's status still says
+// cancelled, and its next Hello is refused).
+func (s *Server) Cancel(ctx context.Context, taskID, reason string) error {
+	if _, err := uuid.Parse(taskID); err != nil {
+		return errs.Invalid("task_id", "must be a task id")
+	}
+	if err := s.rdb.Publish(ctx, CancelChannel(s.cfg.RedisPrefix, taskID), reason).Err(); err != nil {
+		return fmt.Errorf("events: publish cancel: %w", err)
+	}
+	return nil
+}
+
+// runCancels holds the replica's PSUBSCRIBE to every task's cancel channel
+// and hands each message to the local streams of that task.
+func (s *Server) runCancels(ctx context.Context) {
+	ps := s.rdb.PSubscribe(ctx, cancelPattern(s.cfg.RedisPrefix))
+	defer ps.Close()
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		if _, err := ps.Receive(ctx); err == nil {
+			break
+		} else if ctx.Err() != nil {
+			return
+		} else {
+			s.log.Warn("events: cancel subscription not ready; retrying", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+	close(s.ready)
+	ch := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-ch:
+			if !ok {
+				return
+			}
+			id, ok := taskFromCancelChannel(s.cfg.RedisPrefix, m.Channel)
+			if !ok {
+				continue
+			}
+			s.mu.Lock()
+			for c := range s.live[id] {
+				select {
+				case c.cancel <- m.Payload:
+				default: // one pending cancel is enough
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (s *Server) register(taskID string) *runnerConn {
+	c := &runnerConn{cancel: make(chan string, 1)}
+	s.mu.Lock()
+	if s.live[taskID] == nil {
+		s.live[taskID] = map[*runnerConn]struct{}{}
+	}
+	s.live[taskID][c] = struct{}{}
+	s.mu.Unlock()
+	return c
+}
+
+func (s *Server) unregister(taskID string, c *runnerConn) {
+	s.mu.Lock()
+	delete(s.live[taskID], c)
+	if len(s.live[taskID]) == 0 {
+		delete(s.live, taskID)
+	}
+	s.mu.Unlock()
+}
+
+var errShuttingDown = status.Error(codes.Unavailable, "events server is shutting down; reconnect")
+
+// Connect implements the runner protocol (see events.proto and package doc).
+func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse]) error {
+	ctx := stream.Context()
+	certTask, err := pki.TaskIDFromContext(ctx, s.cfg.TrustDomain)
+	if err != nil {
+		if errors.Is(err, pki.ErrNoVerifiedCert) {
+			return status.Error(codes.Unauthenticated, "Connect needs a runner client certificate issued by the runner CA")
+		}
+		return status.Error(codes.PermissionDenied, "the client certificate is not a task identity of this trust domain")
+	}
+
+	// One goroutine reads; this one decides and is the only sender.
+	msgs := make(chan *taskrunnerv1.ConnectRequest)
+	recvErr := make(chan error, 1)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-done:
+				return
+			}
+		}
+	}()
+
+	var hello *taskrunnerv1.Hello
+	helloTimer := time.NewTimer(s.cfg.HelloTimeout)
+	select {
+	case m := <-msgs:
+		helloTimer.Stop()
+		if hello = m.GetHello(); hello == nil {
+			return status.Error(codes.InvalidArgument, "the first message on Connect must be Hello")
+		}
+	case err := <-recvErr:
+		helloTimer.Stop()
+		return err
+	case <-helloTimer.C:
+		return status.Error(codes.DeadlineExceeded, "no Hello received in time")
+	case <-s.ctx.Done():
+		return errShuttingDown
+	}
+	taskID := hello.GetTaskId()
+	if taskID != certTask {
+		return status.Errorf(codes.PermissionDenied, "the client certificate is for task %s, but Hello names task %q", certTask, taskID)
+	}
+	if v := hello.GetProtocolVersion(); v != taskrunnerv1.ProtocolVersion_PROTOCOL_VERSION_1 {
+		return status.Errorf(codes.FailedPrecondition, "runner protocol version %d not supported, server speaks %d: update the runner image", int32(v), ProtocolVersion)
+	}
+	if _, err := uuid.Parse(taskID); err != nil {
+		return status.Errorf(codes.FailedPrecondition, "task %q does not exist", taskID)
+	}
+	st, err := s.store.status(ctx, taskID)
+	if errors.Is(err, errNoTask) {
+		return status.Errorf(codes.FailedPrecondition, "task %s does not exist", taskID)
+	}
+	if err != nil {
+		return err
+	}
+	last, err := s.store.LastSeq(ctx, taskID)
+	if err != nil {
+		return err
+	}
+	if task.Status(st).Terminal() {
+		return finished(taskID, st, last)
+	}
+
+	conn := s.register(taskID)
+	defer s.unregister(taskID, conn)
+	if err := stream.Send(&taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Welcome{Welcome: &taskrunnerv1.Welcome{
+		LastPersistedSeq: last, HeartbeatIntervalSeconds: int32(s.cfg.HeartbeatInterval / time.Second),
+	}}}); err != nil {
+		return err
+	}
+	s.log.InfoContext(ctx, "runner connected", "task_id", taskID, "runner_version", hello.GetRunnerVersion(), "last_persisted_seq", last)
+
+	results := newSink()
+	var submitted, sentAck int64
+	eof := false
+	for {
+		if eof && sentAck >= submitted {
+			return nil
+		}
+		select {
+		case m := <-msgs:
+			sub, err := s.submission(taskID, m, results)
+			if err != nil {
+				return err
+			}
+			select {
+			case s.commit.in <- sub:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-s.ctx.Done():
+				return errShuttingDown
+			}
+			if sub.ev != nil {
+				submitted = max(submitted, sub.ev.GetSeq())
+			}
+		case err := <-recvErr:
+			if !errors.Is(err, io.EOF) {
+				return err
+			}
+			eof, msgs = true, nil // the runner is done sending: flush the acks, then end
+		case <-results.notify:
+			ack, refused := results.state()
+			if ack > sentAck {
+				if err := stream.Send(&taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Ack{Ack: &taskrunnerv1.Ack{Seq: ack}}}); err != nil {
+					return err
+				}
+				sentAck = ack
+			}
+			if refused != nil {
+				return refused
+			}
+		case reason := <-conn.cancel:
+			if err := stream.Send(&taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Cancel{Cancel: &taskrunnerv1.Cancel{Reason: reason}}}); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.ctx.Done():
+			return errShuttingDown
+		}
+	}
+}
+
+// finished refuses a Hello for a terminal task, telling the runner how far
+// its events were stored.
+func finished(taskID, st string, last int64) error {
+	sts := status.Newf(codes.FailedPrecondition, "task %s is %s: a finished task accepts no runner", taskID, st)
+	if d, err := sts.WithDetails(&errdetails.ErrorInfo{Reason: ReasonTaskFinished, Domain: errs.Domain,
+		Metadata: map[string]string{"last_persisted_seq": strconv.FormatInt(last, 10), "status": st}}); err == nil {
+		sts = d
+	}
+	return sts.Err()
+}
+
+// submission validates one runner message and turns it into committer work.
+func (s *Server) submission(taskID string, m *taskrunnerv1.ConnectRequest, results *sink) (*submission, error) {
+	switch msg := m.GetMsg().(type) {
+	case *taskrunnerv1.ConnectRequest_Heartbeat:
+		return &submission{taskID: taskID, sink: results}, nil
+	case *taskrunnerv1.ConnectRequest_Event:
+		ev := msg.Event
+		if ev.GetSeq() < 1 {
+			return nil, errs.Invalid("event.seq", "must be 1 or more, got %d", ev.GetSeq())
+		}
+		typ := TypeName(ev)
+		if typ == "" {
+			return nil, errs.Invalid("event.payload", "event %d has no payload", ev.GetSeq())
+		}
+		// Reasons end up in task rows and browsers: redact like the task row does.
+		switch p := ev.GetPayload().(type) {
+		case *taskrunnerv1.Event_Failed:
+			p.Failed.Reason = task.CleanReason(p.Failed.GetReason())
+		case *taskrunnerv1.Event_Cancelled:
+			p.Cancelled.Reason = task.CleanReason(p.Cancelled.GetReason())
+		}
+		payload, err := EncodeEvent(ev)
+		if err != nil {
+			return nil, errs.Invalid("event", "cannot encode event %d", ev.GetSeq())
+		}
+		if len(payload) > s.cfg.MaxEventBytes {
+			return nil, errs.Invalid("event", "event %d is %d bytes, more than the limit of %d", ev.GetSeq(), len(payload), s.cfg.MaxEventBytes)
+		}
+		return &submission{taskID: taskID, ev: ev, typ: typ, payload: payload, sink: results}, nil
+	case *taskrunnerv1.ConnectRequest_Hello:
+		return nil, errs.Invalid("hello", "Hello is allowed only as the first message")
+	}
+	return nil, errs.Invalid("msg", "empty message")
+}

@@ -1,0 +1,68 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Record is a stored event row. Payload is EncodeEvent's JSON (as normalised
+// by jsonb); DecodeEvent turns it into the wire event.
+type Record struct {
+	TaskID    string
+	Seq       int64
+	Type      string
+	Payload   []byte
+	CreatedAt time.Time
+}
+
+// Store reads the task_events table. Writes go through the committer only.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// NewStore returns a Store on pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+const listAfter = `SELECT task_id::text, seq, type, payload, created_at FROM task_events
+WHERE task_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`
+
+// ListAfter returns up to limit events of a task with seq > afterSeq, oldest
+// first. The caller checks that taskID is a valid id the caller may read.
+func (s *Store) ListAfter(ctx context.Context, taskID string, afterSeq int64, limit int) ([]Record, error) {
+	rows, err := s.pool.Query(ctx, listAfter, taskID, afterSeq, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Record, error) {
+		var rec Record
+		err := r.Scan(&rec.TaskID, &rec.Seq, &rec.Type, &rec.Payload, &rec.CreatedAt)
+		return rec, err
+	})
+}
+
+const maxSeq = `SELECT coalesce(max(seq), 0) FROM task_events WHERE task_id = $1`
+
+// LastSeq returns the highest stored seq of a task (0 when none).
+func (s *Store) LastSeq(ctx context.Context, taskID string) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, maxSeq, taskID).Scan(&n)
+	return n, err
+}
+
+const taskStatus = `SELECT status FROM tasks WHERE id = $1`
+
+// errNoTask means the task row does not exist.
+var errNoTask = errors.New("events: no such task")
+
+func (s *Store) status(ctx context.Context, taskID string) (string, error) {
+	var st string
+	err := s.pool.QueryRow(ctx, taskStatus, taskID).Scan(&st)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", errNoTask
+	}
+	return st, err
+}
