@@ -22,7 +22,6 @@ type Dispatcher interface {
 	Cancel(ctx context.Context, taskID, reason string) (Task, error)
 }
 
-
 // Server implements TaskService.
 type Server struct {
 	taskrunnerv1.UnimplementedTaskServiceServer
