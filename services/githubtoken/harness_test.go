@@ -272,4 +272,3 @@ func (h *harness) lastGit() forge.Request {
 	}
 	return last
 }
-

@@ -107,16 +107,24 @@ func (s *Server) GetTask(ctx context.Context, req *taskrunnerv1.GetTaskRequest) 
 	return &taskrunnerv1.GetTaskResponse{Task: ToProto(t)}, nil
 }
 
-// owned loads the caller's task; other owners' tasks are NotFound.
+// owned loads the caller's task; other owners' tasks are NotFound. Internal
+// callers (the gateway's webhook, other services) may read any task.
 func (s *Server) owned(ctx context.Context, id string) (Task, error) {
-	p, err := auth.RequireScope(ctx, auth.ScopeTasks)
+	p, err := auth.Require(ctx)
 	if err != nil {
 		return Task{}, err
+	}
+	owner := p.Owner
+	switch {
+	case p.Has(auth.ScopeInternal):
+		owner = ""
+	case !p.Has(auth.ScopeTasks):
+		return Task{}, errs.PermissionDenied("token lacks scope " + auth.ScopeTasks)
 	}
 	if err := ValidateID("id", id); err != nil {
 		return Task{}, err
 	}
-	return s.store.Get(ctx, id, p.Owner)
+	return s.store.Get(ctx, id, owner)
 }
 
 // ListTasks implements TaskService.

@@ -1,0 +1,428 @@
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/taskrunner/taskrunner/services/sandbox"
+)
+
+// Config configures the provider.
+type Config struct {
+	// RunnerBin is the runner binary to start.
+	RunnerBin string
+	// WorkRoot holds one directory per sandbox.
+	WorkRoot string
+	// Bwrap is "auto" (use bubblewrap when it works), "always" or "never".
+	Bwrap string
+	// KillGrace is how long Destroy waits after SIGTERM before SIGKILL.
+	KillGrace time.Duration
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.RunnerBin == "" {
+		return errors.New("process provider: runner binary is not set (TASKRUNNER_PROCESS_RUNNER_BIN)")
+	}
+	if fi, err := os.Stat(c.RunnerBin); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return fmt.Errorf("process provider: runner binary %q is not an executable file (TASKRUNNER_PROCESS_RUNNER_BIN)", c.RunnerBin)
+	}
+	if c.WorkRoot == "" {
+		return errors.New("process provider: work root is not set (TASKRUNNER_PROCESS_WORK_ROOT)")
+	}
+	switch c.Bwrap {
+	case "", "auto", "always", "never":
+	default:
+		return fmt.Errorf("process provider: TASKRUNNER_PROCESS_BWRAP must be auto, always or never, got %q", c.Bwrap)
+	}
+	return nil
+}
+
+// Provider runs sandboxes as local processes.
+type Provider struct {
+	cfg   Config
+	bwrap string // path, or "" when not used
+	log   *slog.Logger
+	mu    sync.Mutex // serialises Create per provider (idempotency check + start)
+}
+
+var _ sandbox.Provider = (*Provider)(nil)
+
+// New validates cfg and probes bubblewrap.
+func New(cfg Config, log *slog.Logger) (*Provider, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.KillGrace <= 0 {
+		cfg.KillGrace = 10 * time.Second
+	}
+	abs, err := filepath.Abs(cfg.WorkRoot)
+	if err != nil {
+		return nil, err
+	}
+	cfg.WorkRoot = abs
+	if err := os.MkdirAll(cfg.WorkRoot, 0o755); err != nil {
+		return nil, fmt.Errorf("process provider: work root: %w", err)
+	}
+	p := &Provider{cfg: cfg, log: log}
+	if cfg.Bwrap != "never" {
+		path, err := exec.LookPath("bwrap")
+		if err == nil {
+			err = exec.Command(path, bwrapArgs("/", []string{"true"})...).Run()
+		}
+		switch {
+		case err == nil:
+			p.bwrap = path
+		case cfg.Bwrap == "always":
+			return nil, fmt.Errorf("process provider: TASKRUNNER_PROCESS_BWRAP=always but bubblewrap does not work here: %w", err)
+		default:
+			log.Warn("bubblewrap not available; sandboxes run as plain processes", "error", err)
+		}
+	}
+	return p, nil
+}
+
+// Name implements sandbox.Provider.
+func (p *Provider) Name() string { return "process" }
+
+// Isolated reports whether sandboxes run inside bubblewrap.
+func (p *Provider) Isolated() bool { return p.bwrap != "" }
+
+func bwrapArgs(dir string, argv []string) []string {
+	return append([]string{
+		"--bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+		"--unshare-pid", "--unshare-ipc", "--new-session", "--chdir", dir, "--",
+	}, argv...)
+}
+
+// state is what a sandbox's state.json holds.
+type state struct {
+	ID        string            `json:"id"`
+	PID       int               `json:"pid"`
+	StartTick uint64            `json:"start_tick"` // /proc/<pid>/stat starttime, against pid reuse
+	Labels    map[string]string `json:"labels"`
+	CreatedAt time.Time         `json:"created_at"`
+	Deadline  time.Time         `json:"deadline"`
+	ExitCode  *int              `json:"exit_code,omitempty"`
+	Isolated  bool              `json:"isolated"`
+}
+
+func (p *Provider) dir(id string) string       { return filepath.Join(p.cfg.WorkRoot, id) }
+func (p *Provider) statePath(id string) string { return filepath.Join(p.dir(id), "state.json") }
+
+func (p *Provider) readState(id string) (*state, error) {
+	b, err := os.ReadFile(p.statePath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", sandbox.ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var s state
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("sandbox %s: corrupt state: %w", id, err)
+	}
+	return &s, nil
+}
+
+func (p *Provider) writeState(s *state) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := p.statePath(s.ID) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p.statePath(s.ID))
+}
+
+// startTick reads the process start time so a reused pid is not mistaken
+// for our process.
+func startTick(pid int) (uint64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 20 {
+		return 0, false
+	}
+	if fields[0] == "Z" { // zombie: exited, not yet reaped
+		return 0, false
+	}
+	v, err := strconv.ParseUint(fields[19], 10, 64)
+	return v, err == nil
+}
+
+func (s *state) alive() bool {
+	t, ok := startTick(s.PID)
+	return ok && t == s.StartTick
+}
+
+func (p *Provider) toSandbox(s *state) sandbox.Sandbox {
+	st := sandbox.StateExited
+	if s.alive() {
+		st = sandbox.StateRunning
+	}
+	return sandbox.Sandbox{ID: s.ID, Provider: p.Name(), State: st, Labels: s.Labels, CreatedAt: s.CreatedAt, ExitCode: s.ExitCode}
+}
+
+// Create implements sandbox.Provider. The sandbox id is derived from the
+// task id, so a second Create for the same task returns the first sandbox.
+func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if spec.TaskID == "" {
+		return sandbox.Sandbox{}, fmt.Errorf("%w: no task id", sandbox.ErrInvalidSpec)
+	}
+	id := sandbox.Name(spec.TaskID)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, err := p.readState(id); err == nil {
+		return p.toSandbox(s), nil
+	}
+	dir := p.dir(id)
+	work := filepath.Join(dir, "work")
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	argv := spec.Command
+	if len(argv) == 0 {
+		argv = []string{p.cfg.RunnerBin}
+	}
+	// coreutils timeout enforces the deadline even if Dispatch restarts.
+	if !spec.Deadline.IsZero() {
+		secs := int(time.Until(spec.Deadline).Seconds())
+		if secs < 1 {
+			return sandbox.Sandbox{}, fmt.Errorf("%w: deadline already passed", sandbox.ErrInvalidSpec)
+		}
+		argv = append([]string{"timeout", "--signal=TERM", "--kill-after=" + strconv.Itoa(int(p.cfg.KillGrace.Seconds())+1) + "s", strconv.Itoa(secs) + "s"}, argv...)
+	}
+	name := argv[0]
+	args := argv[1:]
+	if p.bwrap != "" {
+		name, args = p.bwrap, bwrapArgs(work, argv)
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "runner.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Dir = work
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = envList(spec.Env, work)
+	// Own session and process group: survives Dispatch restarts, and Destroy
+	// can signal the whole tree.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
+		return sandbox.Sandbox{}, fmt.Errorf("start runner: %w", err)
+	}
+	_ = logf.Close()
+	tick, _ := startTick(cmd.Process.Pid)
+	s := &state{ID: id, PID: cmd.Process.Pid, StartTick: tick, Labels: spec.AllLabels(), CreatedAt: time.Now().UTC(),
+		Deadline: spec.Deadline, Isolated: p.bwrap != ""}
+	if err := p.writeState(s); err != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_, _ = cmd.Process.Wait()
+		return sandbox.Sandbox{}, err
+	}
+	go p.reap(cmd, id)
+	p.log.Info("sandbox started", "sandbox_id", id, "task_id", spec.TaskID, "pid", s.PID, "bwrap", s.Isolated)
+	return p.toSandbox(s), nil
+}
+
+// reap waits for our child and records its exit code.
+func (p *Provider) reap(cmd *exec.Cmd, id string) {
+	err := cmd.Wait()
+	code := 0
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else {
+			code = -1
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, err := p.readState(id); err == nil {
+		s.ExitCode = &code
+		_ = p.writeState(s)
+	}
+	p.log.Info("sandbox exited", "sandbox_id", id, "exit_code", code)
+}
+
+func envList(env map[string]string, work string) []string {
+	out := []string{"PATH=" + os.Getenv("PATH"), "TASKRUNNER_WORKDIR=" + work}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
+// Get implements sandbox.Provider.
+func (p *Provider) Get(_ context.Context, id string) (sandbox.Sandbox, error) {
+	s, err := p.readState(id)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	return p.toSandbox(s), nil
+}
+
+// List implements sandbox.Provider.
+func (p *Provider) List(_ context.Context, labels map[string]string) ([]sandbox.Sandbox, error) {
+	entries, err := os.ReadDir(p.cfg.WorkRoot)
+	if err != nil {
+		return nil, err
+	}
+	var out []sandbox.Sandbox
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		s, err := p.readState(e.Name())
+		if err != nil {
+			continue
+		}
+		match := true
+		for k, v := range labels {
+			if s.Labels[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			out = append(out, p.toSandbox(s))
+		}
+	}
+	return out, nil
+}
+
+// Destroy implements sandbox.Provider: SIGTERM to the process group, SIGKILL
+// after the grace period, then the work directory is removed (the runner's
+// log is kept next to it as <id>.log).
+func (p *Provider) Destroy(ctx context.Context, id string) error {
+	s, err := p.readState(id)
+	if errors.Is(err, sandbox.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// Collect the whole tree before signalling: once the leader dies its
+	// children are re-parented and the ancestry is lost.
+	victims := sessionTree(s.PID)
+	if s.alive() {
+		signalAll(victims, syscall.SIGTERM)
+		deadline := time.Now().Add(p.cfg.KillGrace)
+		for anyAlive(victims) && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				deadline = time.Now()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	// Whatever is left (agents in their own process groups or sessions
+	// included) is killed.
+	signalAll(append(victims, sessionTree(s.PID)...), syscall.SIGKILL)
+	dir := p.dir(id)
+	_ = os.Rename(filepath.Join(dir, "runner.log"), filepath.Join(p.cfg.WorkRoot, id+".log"))
+	if err := os.RemoveAll(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// The agent may have created files owned by another user; try harder.
+		return fmt.Errorf("remove sandbox %s: %w", id, err)
+	}
+	p.log.Info("sandbox destroyed", "sandbox_id", id)
+	return nil
+}
+
+type procRef struct {
+	pid  int
+	tick uint64
+}
+
+// sessionTree lists the processes of the session sid (the sandbox leader
+// started it with setsid) and every descendant of sid, with their start
+// times so a reused pid is never signalled.
+func sessionTree(sid int) []procRef {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	parent := map[int]int{}
+	inSession := map[int]bool{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		st := string(b)
+		i := strings.LastIndexByte(st, ')')
+		if i < 0 {
+			continue
+		}
+		// fields after ")": state ppid pgrp session …
+		f := strings.Fields(st[i+1:])
+		if len(f) < 4 {
+			continue
+		}
+		parent[pid], _ = strconv.Atoi(f[1])
+		inSession[pid] = f[3] == strconv.Itoa(sid)
+	}
+	var out []procRef
+	for pid := range parent {
+		match := inSession[pid] || pid == sid
+		for p, hops := parent[pid], 0; !match && p > 1 && hops < 64; p, hops = parent[p], hops+1 {
+			match = p == sid
+		}
+		if match {
+			if t, ok := startTick(pid); ok {
+				out = append(out, procRef{pid, t})
+			}
+		}
+	}
+	return out
+}
+
+func signalAll(procs []procRef, sig syscall.Signal) {
+	for _, p := range procs {
+		if t, ok := startTick(p.pid); ok && t == p.tick {
+			_ = syscall.Kill(p.pid, sig)
+		}
+	}
+}
+
+func anyAlive(procs []procRef) bool {
+	for _, p := range procs {
+		if t, ok := startTick(p.pid); ok && t == p.tick {
+			return true
+		}
+	}
+	return false
+}
