@@ -4,14 +4,19 @@ go 1.26.7
 
 require (
 	github.com/caarlos0/env/v11 v11.4.2
+	github.com/google/go-github/v62 v62.0.0
+	github.com/stretchr/testify v1.12.1
 	github.com/taskrunner/taskrunner/proto v0.0.0
+	go.uber.org/goleak v1.3.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
 
 require (
+	github.com/google/go-querystring v1.1.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect

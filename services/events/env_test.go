@@ -39,7 +39,7 @@ type env struct {
 	log       *slog.Logger
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	db := storetest.NewDB(t)
 	rds := storetest.NewRedis(t)
@@ -61,7 +61,7 @@ type instance struct {
 }
 
 // start serves an Events replica on addr ("127.0.0.1:0" for any port).
-func (e *env) start(t *testing.T, addr string) *instance {
+func (e *env) start(t testing.TB, addr string) *instance {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
@@ -99,7 +99,7 @@ func (e *env) start(t *testing.T, addr string) *instance {
 }
 
 // runningTask creates a task of owner and moves it to running as Dispatch would.
-func (e *env) runningTask(t *testing.T, owner string) string {
+func (e *env) runningTask(t testing.TB, owner string) string {
 	t.Helper()
 	ctx := context.Background()
 	tk, _, err := e.tasks.Create(ctx, task.NewTask{Owner: owner, Repo: "acme/widgets", BaseBranch: "main", Prompt: "add a widget", Agent: task.AgentClaude}, "")
@@ -113,7 +113,7 @@ func (e *env) runningTask(t *testing.T, owner string) string {
 }
 
 // runnerTLS is a runner's client config with a certificate for taskID from ca.
-func (e *env) runnerTLS(t *testing.T, ca *pki.CA, taskID string, notAfter time.Time) *tls.Config {
+func (e *env) runnerTLS(t testing.TB, ca *pki.CA, taskID string, notAfter time.Time) *tls.Config {
 	t.Helper()
 	certPEM, keyPEM, err := ca.MintTaskCert(taskID, notAfter)
 	require.NoError(t, err)
@@ -123,7 +123,7 @@ func (e *env) runnerTLS(t *testing.T, ca *pki.CA, taskID string, notAfter time.T
 }
 
 // userConn is a bearer-token client connection (no client certificate).
-func (e *env) userConn(t *testing.T, addr string) taskrunnerv1.EventsServiceClient {
+func (e *env) userConn(t testing.TB, addr string) taskrunnerv1.EventsServiceClient {
 	t.Helper()
 	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(
 		&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: e.ca.Pool(), ServerName: "127.0.0.1"})))
@@ -133,7 +133,7 @@ func (e *env) userConn(t *testing.T, addr string) taskrunnerv1.EventsServiceClie
 }
 
 // as returns ctx carrying a fresh bearer token of owner.
-func (e *env) as(t *testing.T, ctx context.Context, owner string) context.Context {
+func (e *env) as(t testing.TB, ctx context.Context, owner string) context.Context {
 	t.Helper()
 	tok, _, err := e.tokens.Create(context.Background(), owner, []string{auth.ScopeTasks}, "test")
 	require.NoError(t, err)
@@ -141,7 +141,7 @@ func (e *env) as(t *testing.T, ctx context.Context, owner string) context.Contex
 }
 
 // runner is an eventsclient for taskID against addr.
-func (e *env) runner(t *testing.T, addr, taskID string) *eventsclient.Client {
+func (e *env) runner(t testing.TB, addr, taskID string) *eventsclient.Client {
 	t.Helper()
 	c, err := eventsclient.New(eventsclient.Config{
 		Addr: "passthrough:///" + addr, TLS: e.runnerTLS(t, e.ca, taskID, time.Now().Add(time.Hour)), TaskID: taskID,
@@ -160,7 +160,7 @@ func (e *env) runner(t *testing.T, addr, taskID string) *eventsclient.Client {
 }
 
 // storedSeqs returns count, distinct count, min and max seq of a task's events.
-func (e *env) storedSeqs(t *testing.T, taskID string) (n, distinct, lo, hi int64) {
+func (e *env) storedSeqs(t testing.TB, taskID string) (n, distinct, lo, hi int64) {
 	t.Helper()
 	require.NoError(t, e.db.Pool.QueryRow(context.Background(),
 		`SELECT count(*), count(DISTINCT seq), coalesce(min(seq), 0), coalesce(max(seq), 0) FROM task_events WHERE task_id = $1`, taskID).
@@ -168,14 +168,14 @@ func (e *env) storedSeqs(t *testing.T, taskID string) (n, distinct, lo, hi int64
 	return
 }
 
-func (e *env) totalRows(t *testing.T) int64 {
+func (e *env) totalRows(t testing.TB) int64 {
 	t.Helper()
 	var n int64
 	require.NoError(t, e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM task_events`).Scan(&n))
 	return n
 }
 
-func (e *env) task(t *testing.T, id string) task.Task {
+func (e *env) task(t testing.TB, id string) task.Task {
 	t.Helper()
 	tk, err := e.tasks.Get(context.Background(), id, "")
 	require.NoError(t, err)
@@ -235,7 +235,7 @@ func workload(n int, last *taskrunnerv1.Event) ([]*taskrunnerv1.Event, [3]int64)
 
 // rawStream opens Connect with cfg and sends Hello for taskID; it returns
 // the stream and the Welcome, or the error that ended the handshake.
-func rawStream(t *testing.T, addr string, cfg *tls.Config, taskID string, version taskrunnerv1.ProtocolVersion) (grpc.BidiStreamingClient[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse], *taskrunnerv1.Welcome, error) {
+func rawStream(t testing.TB, addr string, cfg *tls.Config, taskID string, version taskrunnerv1.ProtocolVersion) (grpc.BidiStreamingClient[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse], *taskrunnerv1.Welcome, error) {
 	t.Helper()
 	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	require.NoError(t, err)
@@ -256,7 +256,7 @@ func rawStream(t *testing.T, addr string, cfg *tls.Config, taskID string, versio
 	return stream, m.GetWelcome(), nil
 }
 
-func sendEvent(t *testing.T, stream grpc.BidiStreamingClient[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse], seq int64, e *taskrunnerv1.Event) {
+func sendEvent(t testing.TB, stream grpc.BidiStreamingClient[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse], seq int64, e *taskrunnerv1.Event) {
 	t.Helper()
 	e.Seq = seq
 	err := stream.Send(&taskrunnerv1.ConnectRequest{Msg: &taskrunnerv1.ConnectRequest_Event{Event: e}})
@@ -274,7 +274,7 @@ type proxy struct {
 	wg     sync.WaitGroup
 }
 
-func newProxy(t *testing.T, target string) *proxy {
+func newProxy(t testing.TB, target string) *proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -64,7 +64,7 @@ func TestLifecycle(t *testing.T) {
 			p := newProvider(t, root, bin, mode)
 			ctx := context.Background()
 			spec := sandbox.Spec{TaskID: "4b8f6c1e-1111-4a5b-9c3d-000000000001", Owner: "alice",
-				Env: map[string]string{"TASKRUNNER_TASK_ID": "4b8f6c1e-1111-4a5b-9c3d-000000000001", "TASKRUNNER_EVENTS_ADDR": "127.0.0.1:7070"},
+				Env:      map[string]string{"TASKRUNNER_TASK_ID": "4b8f6c1e-1111-4a5b-9c3d-000000000001", "TASKRUNNER_EVENTS_ADDR": "127.0.0.1:7070"},
 				Deadline: time.Now().Add(time.Hour)}
 			sb, err := p.Create(ctx, spec)
 			require.NoError(t, err)

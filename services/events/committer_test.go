@@ -1,0 +1,132 @@
+package events
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/errs"
+	"github.com/taskrunner/taskrunner/services/store/storetest"
+	"github.com/taskrunner/taskrunner/services/task"
+)
+
+// TestBatchRefusalIsolatesTasks commits one batch holding two tasks' events
+// where one of task A's events breaks the state machine: A keeps what came
+// before it, B is untouched by A's refusal, and only stored events are
+// published.
+func TestBatchRefusalIsolatesTasks(t *testing.T) {
+	db := storetest.NewDB(t)
+	rds := storetest.NewRedis(t)
+	ctx := context.Background()
+	tasks := task.NewStore(db.Pool)
+	running := func() string {
+		tk, _, err := tasks.Create(ctx, task.NewTask{Owner: "alice", Repo: "acme/widgets", BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, tk.ID)
+		require.NoError(t, err)
+		_, _, err = tasks.Advance(ctx, tk.ID, "", task.Advance{Status: task.StatusRunning, RequestID: "d"})
+		require.NoError(t, err)
+		return tk.ID
+	}
+	a, b := running(), running()
+	cfg := Config{TrustDomain: "t.dev", RedisPrefix: rds.Prefix}.withDefaults()
+	c := newCommitter(cfg, db.Pool, rds.Client, slog.New(slog.DiscardHandler))
+	sinkA, sinkB := newSink(), newSink()
+	sub := func(id string, s *sink, seq int64, ev *taskrunnerv1.Event) *submission {
+		ev.Seq = seq
+		payload, err := EncodeEvent(ev)
+		require.NoError(t, err)
+		return &submission{taskID: id, ev: ev, typ: TypeName(ev), payload: payload, sink: s}
+	}
+	st := func(s taskrunnerv1.TaskStage) *taskrunnerv1.Event {
+		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: s}}}
+	}
+	line := func() *taskrunnerv1.Event {
+		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{"x"}}}}
+	}
+	batch := []*submission{
+		sub(a, sinkA, 1, st(taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE)),
+		sub(b, sinkB, 1, st(taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE)),
+		sub(a, sinkA, 2, st(taskrunnerv1.TaskStage_TASK_STAGE_APPLY)),
+		sub(a, sinkA, 3, st(taskrunnerv1.TaskStage_TASK_STAGE_PROPOSE)), // backward: refused
+		sub(b, sinkB, 2, line()),
+		sub(a, sinkA, 4, line()), // follows a refused event: a gap
+		{taskID: b, sink: sinkB}, // heartbeat
+		sub(b, sinkB, 3, st(taskrunnerv1.TaskStage_TASK_STAGE_PROPOSE)),
+	}
+	c.commit(batch)
+
+	ackA, errA := sinkA.state()
+	require.Equal(t, int64(2), ackA)
+	require.ErrorIs(t, errA, errs.ErrInvalidTransition)
+	st0, _ := errs.ToStatus(errA)
+	require.Equal(t, codes.FailedPrecondition, st0.Code())
+	require.Contains(t, status.Convert(st0.Err()).Message(), "stages only move forward")
+	ackB, errB := sinkB.state()
+	require.Equal(t, int64(3), ackB)
+	require.NoError(t, errB)
+
+	ta, err := tasks.Get(ctx, a, "")
+	require.NoError(t, err)
+	require.Equal(t, task.StageApply, ta.Stage)
+	tb, err := tasks.Get(ctx, b, "")
+	require.NoError(t, err)
+	require.Equal(t, task.StagePropose, tb.Stage)
+	require.NotNil(t, tb.HeartbeatAt)
+	require.WithinDuration(t, time.Now(), *tb.HeartbeatAt, time.Minute)
+
+	count := func(id string) (n int64) {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, id).Scan(&n))
+		return n
+	}
+	require.Equal(t, int64(2), count(a))
+	require.Equal(t, int64(3), count(b))
+
+	// Published in seq order per task (tasks are committed in id order).
+	pubs := <-c.publish
+	got := map[string][]int64{}
+	for _, p := range pubs {
+		ev, err := DecodeEvent(p.payload)
+		require.NoError(t, err)
+		got[p.channel] = append(got[p.channel], ev.GetSeq())
+	}
+	require.Equal(t, map[string][]int64{Channel(rds.Prefix, a): {1, 2}, Channel(rds.Prefix, b): {1, 2, 3}}, got)
+}
+
+func TestConfigValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{name: "defaults", cfg: Config{TrustDomain: "t.dev"}},
+		{name: "no trust domain", cfg: Config{}, want: "TrustDomain is required"},
+		{name: "heartbeat too short", cfg: Config{TrustDomain: "t.dev", HeartbeatInterval: time.Millisecond}, want: "HeartbeatInterval"},
+		{name: "batch too big", cfg: Config{TrustDomain: "t.dev", MaxBatch: 20000}, want: "MaxBatch"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestCancelChannelRoundTrip(t *testing.T) {
+	id, ok := taskFromCancelChannel("p:", CancelChannel("p:", "abc"))
+	require.True(t, ok)
+	require.Equal(t, "abc", id)
+	_, ok = taskFromCancelChannel("p:", Channel("p:", "abc"))
+	require.False(t, ok)
+	require.Equal(t, "p:taskrunner:task:abc:events", Channel("p:", "abc"))
+}
