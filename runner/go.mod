@@ -14,8 +14,16 @@ require (
 )
 
 require (
+	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/kr/text v0.2.0 // indirect
+	gopkg.in/yaml.v3 v3.0.1 // indirect
+)
+
+require (
 	github.com/google/go-querystring v1.1.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect
+	github.com/taskrunner/taskrunner/tools v0.0.0
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -24,3 +32,7 @@ require (
 )
 
 replace github.com/taskrunner/taskrunner/proto => ../proto
+
+replace github.com/taskrunner/taskrunner/tools => ../tools
+
+replace github.com/taskrunner/taskrunner/services => ../services

@@ -18,8 +18,8 @@ import (
 // Dispatcher starts and stops sandboxes; DispatchService implements it, in
 // process or over gRPC. Nil until a dispatch service is configured.
 type Dispatcher interface {
-	Dispatch(ctx context.Context, taskID string) (Task, error)
-	Cancel(ctx context.Context, taskID, reason string) (Task, error)
+	DispatchTask(ctx context.Context, taskID string) (Task, error)
+	CancelTask(ctx context.Context, taskID, reason string) (Task, error)
 }
 
 // Server implements TaskService.
@@ -77,7 +77,7 @@ func (s *Server) CreateTask(ctx context.Context, req *taskrunnerv1.CreateTaskReq
 		s.log.InfoContext(ctx, "task created", "task_id", t.ID, "owner", t.Owner, "repo", t.Repo)
 	}
 	if req.GetDispatch() && created {
-		if t, err = s.dispatcher.Dispatch(ctx, t.ID); err != nil {
+		if t, err = s.dispatcher.DispatchTask(ctx, t.ID); err != nil {
 			return nil, err
 		}
 	}
@@ -174,7 +174,7 @@ func (s *Server) DispatchTask(ctx context.Context, req *taskrunnerv1.DispatchTas
 	if s.dispatcher == nil {
 		return nil, status.Error(codes.Unimplemented, "dispatch: no DispatchService is configured")
 	}
-	t, err = s.dispatcher.Dispatch(ctx, t.ID)
+	t, err = s.dispatcher.DispatchTask(ctx, t.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +193,7 @@ func (s *Server) CancelTask(ctx context.Context, req *taskrunnerv1.CancelTaskReq
 		reason = "cancelled by " + t.Owner
 	}
 	if t.Status == StatusRunning && s.dispatcher != nil {
-		t, err = s.dispatcher.Cancel(ctx, t.ID, reason)
+		t, err = s.dispatcher.CancelTask(ctx, t.ID, reason)
 	} else if t.Status == StatusRunning {
 		return nil, status.Error(codes.Unimplemented, "cancel: the task is running and no DispatchService is configured")
 	} else {

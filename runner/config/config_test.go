@@ -1,0 +1,101 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func base(t *testing.T) map[string]string {
+	dir := t.TempDir()
+	for _, f := range []string{"cert.pem", "key.pem", "ca.pem"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600))
+	}
+	return map[string]string{
+		"TASKRUNNER_TASK_ID": "0b7c", "TASKRUNNER_REPO": "acme/greet", "TASKRUNNER_PROMPT": "do it",
+		"TASKRUNNER_EVENTS_ADDR":   "events.internal:7070",
+		"TASKRUNNER_TLS_CERT_FILE": filepath.Join(dir, "cert.pem"), "TASKRUNNER_TLS_KEY_FILE": filepath.Join(dir, "key.pem"),
+		"TASKRUNNER_TLS_CA_FILE": filepath.Join(dir, "ca.pem"),
+	}
+}
+
+func environ(m map[string]string) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+func TestLoadDefaults(t *testing.T) {
+	c, err := Load(environ(base(t)))
+	require.NoError(t, err)
+	require.Equal(t, "main", c.BaseBranch)
+	require.Equal(t, "claude", c.Agent)
+	require.Equal(t, "events.internal:7070", c.TokenAddr, "the token service defaults to the events address")
+	require.Equal(t, 50, c.MaxTurns)
+	require.Equal(t, "65534", c.AgentUser)
+	require.Equal(t, "claude", c.ClaudeBin)
+	require.Equal(t, "openspec", c.OpenSpecBin)
+	require.True(t, c.DeadlineTime().IsZero())
+}
+
+func TestLoadNamesTheBadVariable(t *testing.T) {
+	cases := []struct {
+		name string
+		set  map[string]string
+		drop string
+		want string
+	}{
+		{name: "missing task id", drop: "TASKRUNNER_TASK_ID", want: "TASKRUNNER_TASK_ID"},
+		{name: "empty prompt", set: map[string]string{"TASKRUNNER_PROMPT": ""}, want: "TASKRUNNER_PROMPT"},
+		{name: "bad repo", set: map[string]string{"TASKRUNNER_REPO": "greet"}, want: "TASKRUNNER_REPO: want owner/name"},
+		{name: "bad branch", set: map[string]string{"TASKRUNNER_BASE_BRANCH": "-x"}, want: "TASKRUNNER_BASE_BRANCH"},
+		{name: "unknown agent", set: map[string]string{"TASKRUNNER_AGENT": "codex"}, want: "TASKRUNNER_AGENT"},
+		{name: "bad address", set: map[string]string{"TASKRUNNER_TOKEN_ADDR": "nohost"}, want: "TASKRUNNER_TOKEN_ADDR"},
+		{name: "turns not a number", set: map[string]string{"TASKRUNNER_MAX_TURNS": "many"}, want: "TASKRUNNER_MAX_TURNS"},
+		{name: "turns zero", set: map[string]string{"TASKRUNNER_MAX_TURNS": "0"}, want: "TASKRUNNER_MAX_TURNS: must be positive"},
+		{name: "negative budget", set: map[string]string{"TASKRUNNER_MAX_BUDGET_USD": "-1"}, want: "TASKRUNNER_MAX_BUDGET_USD"},
+		{name: "bad deadline", set: map[string]string{"TASKRUNNER_DEADLINE": "tomorrow"}, want: "TASKRUNNER_DEADLINE"},
+		{name: "bad traceparent", set: map[string]string{"TRACEPARENT": "abc"}, want: "TRACEPARENT"},
+		{name: "bad pattern", set: map[string]string{"TASKRUNNER_REDACT_PATTERNS": "ok\n("}, want: "TASKRUNNER_REDACT_PATTERNS"},
+		{name: "missing key", drop: "TASKRUNNER_TLS_KEY_FILE", want: "TASKRUNNER_TLS_KEY_FILE: required (or TASKRUNNER_TLS_KEY_PEM)"},
+		{name: "both cert forms", set: map[string]string{"TASKRUNNER_TLS_CERT_PEM": "x"}, want: "TASKRUNNER_TLS_CERT_FILE: set either"},
+		{name: "unreadable ca", set: map[string]string{"TASKRUNNER_TLS_CA_FILE": "/nonexistent/ca.pem"}, want: "TASKRUNNER_TLS_CA_FILE: cannot read"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := base(t)
+			delete(m, tc.drop)
+			for k, v := range tc.set {
+				m[k] = v
+			}
+			_, err := Load(environ(m))
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestValuesAndHelpers(t *testing.T) {
+	m := base(t)
+	m["TRACEPARENT"] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	m["TASKRUNNER_DEADLINE"] = "2026-11-29T15:04:05Z"
+	m["TASKRUNNER_REDACT_PATTERNS"] = "A+\n\nB+\n"
+	m["TASKRUNNER_AGENT_USER"] = "4242"
+	c, err := Load(environ(m))
+	require.NoError(t, err)
+	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", c.TraceID())
+	require.Equal(t, 2026, c.DeadlineTime().Year())
+	p, err := c.RedactRegexps()
+	require.NoError(t, err)
+	require.Equal(t, []string{"A+", "B+"}, p)
+	uid, gid, err := c.AgentCredential()
+	require.NoError(t, err)
+	require.EqualValues(t, 4242, uid)
+	require.EqualValues(t, 4242, gid)
+}

@@ -1,0 +1,126 @@
+package repotoken
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+)
+
+// Token is a repository token with where to use it.
+type Token struct {
+	// Value is the secret. Never log it.
+	Value  string
+	Expiry time.Time
+	// Repo is owner/name.
+	Repo string
+	// APIBaseURL is the forge's REST API root (https://api.github.com).
+	APIBaseURL string
+	// GitBaseURL is the root for git over HTTP (https://github.com).
+	GitBaseURL string
+}
+
+// CloneURL is the repository's git URL (without credentials).
+func (t Token) CloneURL() string {
+	return strings.TrimRight(t.GitBaseURL, "/") + "/" + t.Repo + ".git"
+}
+
+// String hides the secret from fmt.
+func (t Token) String() string {
+	return fmt.Sprintf("Token{repo=%s expiry=%s}", t.Repo, t.Expiry.Format(time.RFC3339))
+}
+
+// Source hands out tokens.
+type Source interface {
+	Token(ctx context.Context) (Token, error)
+}
+
+// ErrAuth marks a refused request for a token.
+var ErrAuth = errors.New("authentication failed")
+
+// GRPC asks GitHubTokenService.
+type GRPC struct {
+	client      taskrunnerv1.GitHubTokenServiceClient
+	taskID      string
+	traceparent string
+}
+
+// NewGRPC returns a Source over conn (dialled with the task's mTLS credentials).
+func NewGRPC(conn grpc.ClientConnInterface, taskID, traceparent string) *GRPC {
+	return &GRPC{client: taskrunnerv1.NewGitHubTokenServiceClient(conn), taskID: taskID, traceparent: traceparent}
+}
+
+// Token calls IssueRepoToken. Errors carry the status code and message only.
+func (g *GRPC) Token(ctx context.Context) (Token, error) {
+	if g.traceparent != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "traceparent", g.traceparent)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := g.client.IssueRepoToken(ctx, &taskrunnerv1.IssueRepoTokenRequest{TaskId: g.taskID})
+	if err != nil {
+		st := status.Convert(err)
+		switch st.Code() {
+		case codes.Unauthenticated, codes.PermissionDenied:
+			return Token{}, fmt.Errorf("%w: GitHubTokenService refused the task certificate: %s: %s", ErrAuth, st.Code(), st.Message())
+		}
+		return Token{}, fmt.Errorf("GitHubTokenService.IssueRepoToken: %s: %s", st.Code(), st.Message())
+	}
+	if resp.GetToken() == "" {
+		return Token{}, errors.New("GitHubTokenService.IssueRepoToken: empty token")
+	}
+	return Token{
+		Value: resp.GetToken(), Expiry: resp.GetExpireTime().AsTime(), Repo: resp.GetRepo(),
+		APIBaseURL: resp.GetApiBaseUrl(), GitBaseURL: resp.GetGitBaseUrl(),
+	}, nil
+}
+
+// MinValidity is how long a cached token must still be valid to be handed out again.
+const MinValidity = 5 * time.Minute
+
+// Cached hands out the last token while it has more than MinValidity left, and asks src again
+// otherwise (tokens last an hour; tasks may be longer). OnNew sees every new token, so the
+// caller can register it with its redactor.
+type Cached struct {
+	src   Source
+	now   func() time.Time
+	onNew func(Token)
+
+	mu  sync.Mutex
+	tok Token
+}
+
+// NewCached wraps src. now may be nil (time.Now); onNew may be nil.
+func NewCached(src Source, now func() time.Time, onNew func(Token)) *Cached {
+	if now == nil {
+		now = time.Now
+	}
+	return &Cached{src: src, now: now, onNew: onNew}
+}
+
+// Token returns a token valid for at least MinValidity (a token without expiry is kept).
+func (c *Cached) Token(ctx context.Context) (Token, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tok.Value != "" && (c.tok.Expiry.IsZero() || c.tok.Expiry.Sub(c.now()) > MinValidity) {
+		return c.tok, nil
+	}
+	t, err := c.src.Token(ctx)
+	if err != nil {
+		return Token{}, err
+	}
+	c.tok = t
+	if c.onNew != nil {
+		c.onNew(t)
+	}
+	return t, nil
+}

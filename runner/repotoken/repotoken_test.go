@@ -1,0 +1,113 @@
+package repotoken
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type fakeService struct {
+	taskrunnerv1.UnimplementedGitHubTokenServiceServer
+	mu          sync.Mutex
+	calls       int
+	traceparent string
+	err         error
+	expiry      time.Time
+}
+
+func (f *fakeService) IssueRepoToken(ctx context.Context, req *taskrunnerv1.IssueRepoTokenRequest) (*taskrunnerv1.IssueRepoTokenResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("traceparent")) > 0 {
+		f.traceparent = md.Get("traceparent")[0]
+	}
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &taskrunnerv1.IssueRepoTokenResponse{
+		Token: "ghs_token" + strings.Repeat("x", f.calls) + req.GetTaskId(), ExpireTime: timestamppb.New(f.expiry),
+		Repo: "acme/greet", ApiBaseUrl: "https://api.example", GitBaseUrl: "https://git.example",
+	}, nil
+}
+
+func dial(t *testing.T, svc *fakeService) *grpc.ClientConn {
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	taskrunnerv1.RegisterGitHubTokenServiceServer(srv, svc)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+func TestGRPCAndCache(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	clock := now
+	svc := &fakeService{expiry: now.Add(time.Hour)}
+	var seen []string
+	c := NewCached(NewGRPC(dial(t, svc), "t1", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+		func() time.Time { return clock }, func(tok Token) { seen = append(seen, tok.Value) })
+
+	tok, err := c.Token(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "ghs_tokenxt1", tok.Value)
+	require.Equal(t, "https://git.example/acme/greet.git", tok.CloneURL())
+	require.Equal(t, "https://api.example", tok.APIBaseURL)
+	require.NotContains(t, tok.String(), tok.Value)
+	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", svc.traceparent)
+
+	clock = now.Add(54 * time.Minute) // 6 minutes left: cached
+	again, err := c.Token(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, tok.Value, again.Value)
+
+	svc.expiry = clock.Add(time.Hour)
+	clock = now.Add(56 * time.Minute) // 4 minutes left: asks again
+	fresh, err := c.Token(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "ghs_tokenxxt1", fresh.Value)
+	require.Equal(t, []string{"ghs_tokenxt1", "ghs_tokenxxt1"}, seen)
+	require.Equal(t, 2, svc.calls)
+}
+
+func TestGRPCErrors(t *testing.T) {
+	cases := []struct {
+		err  error
+		auth bool
+		want string
+	}{
+		{status.Error(codes.PermissionDenied, "certificate is for another task"), true, "authentication failed"},
+		{status.Error(codes.Unauthenticated, "no client certificate"), true, "Unauthenticated"},
+		{status.Error(codes.NotFound, "task not found"), false, "NotFound: task not found"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.want, func(t *testing.T) {
+			g := NewGRPC(dial(t, &fakeService{err: tc.err}), "t1", "")
+			_, err := g.Token(context.Background())
+			require.ErrorContains(t, err, tc.want)
+			require.Equal(t, tc.auth, errorsIs(err, ErrAuth))
+		})
+	}
+}

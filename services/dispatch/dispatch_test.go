@@ -1,0 +1,326 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/taskrunner/taskrunner/services/errs"
+	"github.com/taskrunner/taskrunner/services/pki"
+	"github.com/taskrunner/taskrunner/services/sandbox"
+	"github.com/taskrunner/taskrunner/services/sandbox/process"
+	"github.com/taskrunner/taskrunner/services/store/storetest"
+	"github.com/taskrunner/taskrunner/services/task"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+}
+
+type harness struct {
+	db      *storetest.DB
+	dir     string
+	starts  string
+	tasks   *task.Store
+	ca      *pki.CA
+	cancels *recordingCanceller
+}
+
+type recordingCanceller struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (r *recordingCanceller) Cancel(_ context.Context, id, _ string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ids = append(r.ids, id)
+	return nil
+}
+
+// fakeRunner stands in for the runner binary: it records its start and the
+// environment it got, then sleeps (or exits at once with EXIT_AT_ONCE).
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	h := &harness{db: storetest.NewDB(t), dir: dir, starts: filepath.Join(dir, "starts.txt"), cancels: &recordingCanceller{}}
+	script := `#!/bin/sh
+echo "$TASKRUNNER_TASK_ID" >> "` + h.starts + `"
+env > "$TASKRUNNER_WORKDIR/../env.txt"
+exec sleep 300
+`
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "runner"), []byte(script), 0o755))
+	h.tasks = task.NewStore(h.db.Pool)
+	ca, err := pki.NewCA("taskrunner.test", time.Hour)
+	require.NoError(t, err)
+	h.ca = ca
+	return h
+}
+
+func (h *harness) server(t *testing.T, cfg Config, root string) *Server {
+	t.Helper()
+	lg := slog.New(slog.DiscardHandler)
+	p, err := process.New(process.Config{RunnerBin: filepath.Join(h.dir, "runner"), WorkRoot: filepath.Join(h.dir, root), Bwrap: "never", KillGrace: time.Second}, lg)
+	require.NoError(t, err)
+	s, err := New(cfg, Deps{Pool: h.db.Pool, Provider: p, CA: h.ca, Canceller: h.cancels, Logger: lg,
+		Getenv: func(k string) string { return map[string]string{"ANTHROPIC_API_KEY": "sk-ant-test", "GITHUB_TOKEN": "ghp_shouldneverpass"}[k] }})
+	require.NoError(t, err)
+	t.Cleanup(func() { h.destroyAll(t, p) })
+	return s
+}
+
+func (h *harness) destroyAll(t *testing.T, p sandbox.Provider) {
+	sbs, _ := p.List(context.Background(), nil)
+	for _, sb := range sbs {
+		_ = p.Destroy(context.Background(), sb.ID)
+	}
+}
+
+func testConfig() Config {
+	return Config{PerOwnerPerDay: 20, PerRepoRunning: 3, GlobalRunning: 100, TaskTimeout: time.Hour, HeartbeatInterval: time.Minute,
+		ReaperInterval: time.Hour, OrphanGrace: 0, CancelGrace: 2 * time.Second, RunnerImage: "runner:test",
+		RunnerEventsAddr: "127.0.0.1:7443", RunnerServerName: "localhost", MaxTurns: 10, MaxBudgetUSD: 1,
+		PassEnv: []string{"ANTHROPIC_API_KEY", "GITHUB_TOKEN"}}
+}
+
+func (h *harness) create(t *testing.T, owner, repo string) string {
+	t.Helper()
+	tk, _, err := h.tasks.Create(context.Background(), task.NewTask{Owner: owner, Repo: repo, BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
+	require.NoError(t, err)
+	return tk.ID
+}
+
+func (h *harness) startCount(t *testing.T) map[string]int {
+	b, _ := os.ReadFile(h.starts)
+	out := map[string]int{}
+	for _, l := range strings.Fields(string(b)) {
+		out[l]++
+	}
+	return out
+}
+
+func (h *harness) status(t *testing.T, id string) task.Status {
+	tk, err := h.tasks.Get(context.Background(), id, "")
+	require.NoError(t, err)
+	return tk.Status
+}
+
+func TestDispatchStartsSandboxWithRunnerEnv(t *testing.T) {
+	h := newHarness(t)
+	s := h.server(t, testConfig(), "sb")
+	id := h.create(t, "alice", "acme/widgets")
+	tk, err := s.DispatchTask(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, task.StatusRunning, tk.Status)
+	require.NotNil(t, tk.DeadlineAt)
+	require.WithinDuration(t, time.Now().Add(time.Hour), *tk.DeadlineAt, time.Minute)
+
+	envFile := filepath.Join(h.dir, "sb", sandbox.Name(id), "env.txt")
+	var env string
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(envFile)
+		env = string(b)
+		return strings.Contains(env, "TASKRUNNER_MAX_BUDGET_USD=")
+	}, 10*time.Second, 20*time.Millisecond)
+	for _, want := range []string{"TASKRUNNER_TASK_ID=" + id, "TASKRUNNER_REPO=acme/widgets", "TASKRUNNER_BASE_BRANCH=main",
+		"TASKRUNNER_EVENTS_ADDR=127.0.0.1:7443", "TASKRUNNER_AGENT=claude", "ANTHROPIC_API_KEY=sk-ant-test", "BEGIN CERTIFICATE", "PRIVATE KEY-----"} {
+		require.Contains(t, env, want)
+	}
+	require.NotContains(t, env, "ghp_shouldneverpass", "no GitHub token ever enters a sandbox")
+	require.NotContains(t, env, "GITHUB_TOKEN")
+
+	// Repeated dispatch: same task, no second sandbox.
+	tk2, err := s.DispatchTask(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, task.StatusRunning, tk2.Status)
+	require.Equal(t, map[string]int{id: 1}, h.startCount(t))
+	var n int
+	require.NoError(t, h.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM sandboxes WHERE task_id = $1 AND external_id <> ''`, id).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+func TestOwnerQuota(t *testing.T) {
+	h := newHarness(t)
+	s := h.server(t, testConfig(), "sb")
+	ctx := context.Background()
+	for i := range 20 {
+		_, err := s.DispatchTask(ctx, h.create(t, "alice", fmt.Sprintf("acme/r%d", i)))
+		require.NoError(t, err)
+	}
+	id := h.create(t, "alice", "acme/extra")
+	_, err := s.DispatchTask(ctx, id)
+	require.ErrorIs(t, err, errs.ErrQuotaExceeded)
+	var de *errs.Error
+	require.ErrorAs(t, err, &de)
+	require.Greater(t, de.RetryAfterSeconds, int64(86000), "retry after the oldest dispatch leaves the 24 h window")
+	require.Equal(t, task.StatusProposing, h.status(t, id), "the refused task is unchanged")
+	require.Len(t, h.startCount(t), 20)
+	require.Zero(t, h.startCount(t)[id], "nothing started for the 21st task")
+	// Another owner is not affected.
+	_, err = s.DispatchTask(ctx, h.create(t, "bob", "acme/extra"))
+	require.NoError(t, err)
+}
+
+func TestRepoLimitQueuesFIFOAndStartsWhenCapacityFrees(t *testing.T) {
+	h := newHarness(t)
+	s := h.server(t, testConfig(), "sb")
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); s.Listen(ctx, time.Hour) }() // no polling: only NOTIFY can wake it
+	defer func() { cancel(); wg.Wait() }()
+
+	var ids []string
+	for range 5 {
+		id := h.create(t, "alice", "acme/widgets")
+		ids = append(ids, id)
+		_, err := s.DispatchTask(context.Background(), id)
+		require.NoError(t, err)
+	}
+	for i, id := range ids {
+		want := task.StatusRunning
+		if i >= 3 {
+			want = task.StatusQueued
+		}
+		require.Equal(t, want, h.status(t, id), "task %d", i)
+	}
+	// Another repository still has room.
+	other := h.create(t, "alice", "acme/other")
+	_, err := s.DispatchTask(context.Background(), other)
+	require.NoError(t, err)
+	require.Equal(t, task.StatusRunning, h.status(t, other))
+
+	// One of the three ends: the oldest queued task (ids[3]) starts by itself.
+	_, _, err = h.tasks.Advance(context.Background(), ids[0], "", task.Advance{RequestID: "t", Status: task.StatusFailed, FailedReason: "x"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return h.status(t, ids[3]) == task.StatusRunning }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, task.StatusQueued, h.status(t, ids[4]), "FIFO: the newer one still waits")
+	require.Eventually(t, func() bool { return h.startCount(t)[ids[3]] == 1 }, 10*time.Second, 20*time.Millisecond)
+}
+
+func TestTwoReplicasDispatchSameTasksOnce(t *testing.T) {
+	h := newHarness(t)
+	cfg := testConfig()
+	cfg.PerOwnerPerDay, cfg.PerRepoRunning = 100, 100
+	a := h.server(t, cfg, "sb-a")
+	b := h.server(t, cfg, "sb-b")
+	var ids []string
+	for i := range 50 {
+		ids = append(ids, h.create(t, "alice", fmt.Sprintf("acme/r%d", i%7)))
+	}
+	var wg sync.WaitGroup
+	for _, s := range []*Server{a, b} {
+		for _, id := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := s.DispatchTask(context.Background(), id)
+				require.NoError(t, err)
+			}()
+		}
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool { return len(h.startCount(t)) == 50 }, 20*time.Second, 50*time.Millisecond)
+	for id, n := range h.startCount(t) {
+		require.Equal(t, 1, n, "task %s started %d sandboxes", id, n)
+	}
+	for _, id := range ids {
+		require.Equal(t, task.StatusRunning, h.status(t, id))
+	}
+}
+
+func TestCancelRunningTask(t *testing.T) {
+	h := newHarness(t)
+	s := h.server(t, testConfig(), "sb")
+	ctx := context.Background()
+	id := h.create(t, "alice", "acme/widgets")
+	_, err := s.DispatchTask(ctx, id)
+	require.NoError(t, err)
+	sb, err := s.d.Provider.Get(ctx, sandbox.Name(id))
+	require.NoError(t, err)
+	require.Equal(t, sandbox.StateRunning, sb.State)
+
+	tk, err := s.CancelTask(ctx, id, "user asked")
+	require.NoError(t, err)
+	require.Equal(t, task.StatusCancelled, tk.Status)
+	require.Equal(t, "user asked", tk.FailedReason)
+	require.Equal(t, []string{id}, h.cancels.ids, "Cancel was pushed to the runner's stream first")
+	_, err = s.d.Provider.Get(ctx, sandbox.Name(id))
+	require.ErrorIs(t, err, sandbox.ErrNotFound, "the sandbox is gone")
+	// No runner report is accepted afterwards.
+	_, _, err = h.tasks.Advance(ctx, id, "", task.Advance{Seq: 99, Stage: task.StageExplore})
+	require.ErrorIs(t, err, errs.ErrInvalidTransition)
+}
+
+func TestReaper(t *testing.T) {
+	h := newHarness(t)
+	cfg := testConfig()
+	cfg.HeartbeatInterval = time.Second
+	cfg.CancelGrace = 0
+	s := h.server(t, cfg, "sb")
+	ctx := context.Background()
+
+	late := h.create(t, "alice", "acme/a")
+	silent := h.create(t, "alice", "acme/b")
+	healthy := h.create(t, "alice", "acme/c")
+	for _, id := range []string{late, silent, healthy} {
+		_, err := s.DispatchTask(ctx, id)
+		require.NoError(t, err)
+	}
+	_, err := h.db.Pool.Exec(ctx, `UPDATE tasks SET deadline_at = now() - interval '1 minute', heartbeat_at = now() WHERE id = $1`, late)
+	require.NoError(t, err)
+	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '10 seconds' WHERE id = $1`, silent)
+	require.NoError(t, err)
+	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() + interval '1 hour' WHERE id = $1`, healthy)
+	require.NoError(t, err)
+
+	// A sandbox left behind by a killed Dispatch: its task finished while no
+	// Dispatch was running, and the new Dispatch never saw it.
+	gone := h.create(t, "alice", "acme/d")
+	_, err = s.d.Provider.Create(ctx, sandbox.Spec{TaskID: gone, Owner: "alice"})
+	require.NoError(t, err)
+	_, _, err = h.tasks.Advance(ctx, gone, "", task.Advance{RequestID: "x", Status: task.StatusCancelled})
+	require.NoError(t, err)
+	restarted := h.server(t, cfg, "sb") // a new Dispatch on the same provider state
+
+	res, err := restarted.Reap(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ReapResult{TimedOut: 1, Lost: 1, Orphans: 1}, res)
+
+	tk, _ := h.tasks.Get(ctx, late, "")
+	require.Equal(t, task.StatusFailed, tk.Status)
+	require.Equal(t, "timeout", tk.FailedReason)
+	tk, _ = h.tasks.Get(ctx, silent, "")
+	require.Equal(t, task.StatusFailed, tk.Status)
+	require.Contains(t, tk.FailedReason, "runner_lost")
+	require.Equal(t, task.StatusRunning, h.status(t, healthy))
+	for _, id := range []string{late, silent, gone} {
+		_, err := s.d.Provider.Get(ctx, sandbox.Name(id))
+		require.ErrorIs(t, err, sandbox.ErrNotFound, "sandbox of %s destroyed", id)
+	}
+	_, err = s.d.Provider.Get(ctx, sandbox.Name(healthy))
+	require.NoError(t, err)
+
+	// A second cycle finds nothing to do.
+	res, err = restarted.Reap(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ReapResult{}, res)
+}
+
+func TestConfigValidate(t *testing.T) {
+	c := testConfig()
+	c.PerRepoRunning = 0
+	require.ErrorContains(t, c.Validate(), "TASKRUNNER_DISPATCH_PER_REPO_RUNNING")
+	c = testConfig()
+	c.RunnerEventsAddr = ""
+	require.ErrorContains(t, c.Validate(), "TASKRUNNER_RUNNER_EVENTS_ADDR")
+}

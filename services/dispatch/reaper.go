@@ -1,0 +1,133 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/taskrunner/taskrunner/services/errs"
+	"github.com/taskrunner/taskrunner/services/sandbox"
+	"github.com/taskrunner/taskrunner/services/task"
+)
+
+// ReapResult counts what one reaper cycle did.
+type ReapResult struct {
+	TimedOut, Lost, Orphans int
+}
+
+// reaperLock lets one replica reap at a time; the others skip the cycle.
+const reaperLock = 72610002
+
+// Reap runs one reaper cycle:
+//   - running tasks past their deadline (plus the cancel grace the runner gets
+//     to report its own timeout) → sandbox destroyed, task failed "timeout";
+//   - running tasks without a heartbeat for 3 intervals → failed
+//     "runner_lost", sandbox destroyed;
+//   - sandboxes carrying our labels whose task is missing or finished, older
+//     than the orphan grace → destroyed (this also cleans up after a
+//     Dispatch that was killed).
+func (s *Server) Reap(ctx context.Context) (ReapResult, error) {
+	var res ReapResult
+	conn, err := s.d.Pool.Acquire(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, reaperLock).Scan(&got); err != nil || !got {
+		return res, err
+	}
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, reaperLock) }()
+
+	timedOut, err := s.ids(ctx, `SELECT id::text FROM tasks WHERE status = 'running' AND deadline_at < now() - $1 * interval '1 second'`, s.cfg.CancelGrace.Seconds())
+	if err != nil {
+		return res, err
+	}
+	for _, id := range timedOut {
+		s.destroy(ctx, id, "timeout")
+		if s.fail(ctx, id, "timeout", "reaper:timeout") {
+			res.TimedOut++
+		}
+	}
+	lost, err := s.ids(ctx, `SELECT id::text FROM tasks WHERE status = 'running'
+AND coalesce(heartbeat_at, started_at, updated_at) < now() - $1 * interval '1 second'`, 3*s.cfg.HeartbeatInterval.Seconds())
+	if err != nil {
+		return res, err
+	}
+	for _, id := range lost {
+		if s.fail(ctx, id, "runner_lost: no heartbeat for "+(3*s.cfg.HeartbeatInterval).String(), "reaper:lost") {
+			res.Lost++
+		}
+		s.destroy(ctx, id, "runner_lost")
+	}
+
+	sbs, err := s.d.Provider.List(ctx, map[string]string{sandbox.LabelManagedBy: sandbox.ManagedByValue})
+	if err != nil {
+		return res, err
+	}
+	for _, sb := range sbs {
+		if time.Since(sb.CreatedAt) < s.cfg.OrphanGrace {
+			continue
+		}
+		t, err := s.tasks.Get(ctx, sb.TaskID(), "")
+		live := err == nil && !t.Status.Terminal()
+		if err != nil && !errors.Is(err, errs.ErrNotFound) {
+			if task.ValidateID("id", sb.TaskID()) == nil {
+				continue // database trouble: do not destroy on a guess
+			}
+		}
+		if live {
+			continue
+		}
+		if err := s.d.Provider.Destroy(ctx, sb.ID); err != nil {
+			s.log.ErrorContext(ctx, "reaper: destroy orphan", "sandbox_id", sb.ID, "error", err)
+			continue
+		}
+		if task.ValidateID("id", sb.TaskID()) == nil {
+			_, _ = s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'destroyed', destroyed_at = now() WHERE task_id = $1 AND destroyed_at IS NULL`, sb.TaskID())
+		}
+		s.log.InfoContext(ctx, "reaper: orphan sandbox destroyed", "sandbox_id", sb.ID, "task_id", sb.TaskID())
+		res.Orphans++
+	}
+	if res != (ReapResult{}) {
+		s.log.InfoContext(ctx, "reaper cycle", "timed_out", res.TimedOut, "runner_lost", res.Lost, "orphans", res.Orphans)
+	}
+	return res, nil
+}
+
+func (s *Server) ids(ctx context.Context, q string, args ...any) ([]string, error) {
+	rows, err := s.d.Pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+func (s *Server) fail(ctx context.Context, id, reason, requestID string) bool {
+	_, applied, err := s.tasks.Advance(ctx, id, "", task.Advance{RequestID: requestID, Status: task.StatusFailed, FailedReason: reason})
+	if err != nil && !errors.Is(err, errs.ErrInvalidTransition) {
+		s.log.ErrorContext(ctx, "reaper: fail task", "task_id", id, "error", err)
+	}
+	if applied {
+		s.log.InfoContext(ctx, "reaper: task failed", "task_id", id, "reason", reason)
+	}
+	return applied
+}
+
+// RunReaper reaps every interval until ctx ends.
+func (s *Server) RunReaper(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ReaperInterval)
+	defer t.Stop()
+	for {
+		if _, err := s.Reap(ctx); err != nil && ctx.Err() == nil {
+			s.log.ErrorContext(ctx, "reaper cycle failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
