@@ -6,7 +6,7 @@ DEV := .dev
 BIN := $(DEV)/bin
 PKGS := ./proto/... ./services/... ./gateway/... ./runner/... ./tools/...
 BINARIES := ./services/cmd/taskrunnerd ./gateway/cmd/gateway ./tools/cmd/taskctl ./tools/cmd/forge \
-            ./tools/cmd/modelapi ./tools/cmd/devstack
+            ./tools/cmd/modelapi ./tools/cmd/devstack ./runner/cmd/runner
 
 .PHONY: help run test build proto lint npm check-go check-node clean
 

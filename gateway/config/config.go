@@ -16,6 +16,17 @@ type Gateway struct {
 	MaxBodyBytes    int64         `env:"TASKRUNNER_MAX_BODY_BYTES" envDefault:"65536"`
 	LogLevel        string        `env:"TASKRUNNER_LOG_LEVEL" envDefault:"info"`
 	ShutdownTimeout time.Duration `env:"TASKRUNNER_SHUTDOWN_TIMEOUT" envDefault:"20s"`
+	// InternalToken is an internal-scope API token the gateway uses for the
+	// GitHub webhook (it advances tasks of any owner). Never a user's token.
+	InternalToken string `env:"TASKRUNNER_GATEWAY_INTERNAL_TOKEN"`
+
+	// Live events for SSE come straight from Redis pub/sub.
+	RedisURL          string        `env:"TASKRUNNER_REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	RedisPrefix       string        `env:"TASKRUNNER_REDIS_PREFIX"`
+	SSEHeartbeat      time.Duration `env:"TASKRUNNER_SSE_HEARTBEAT" envDefault:"15s"`
+	SSEClientQueue    int           `env:"TASKRUNNER_SSE_CLIENT_QUEUE" envDefault:"512"`
+	SSEWriteTimeout   time.Duration `env:"TASKRUNNER_SSE_WRITE_TIMEOUT" envDefault:"30s"`
+	SSEStatusInterval time.Duration `env:"TASKRUNNER_SSE_STATUS_INTERVAL" envDefault:"30s"`
 }
 
 // Load reads the environment.

@@ -32,6 +32,35 @@ type Daemon struct {
 	LogLevel        string        `env:"TASKRUNNER_LOG_LEVEL" envDefault:"info"`
 	LogFormat       string        `env:"TASKRUNNER_LOG_FORMAT" envDefault:"json"`
 	ShutdownTimeout time.Duration `env:"TASKRUNNER_SHUTDOWN_TIMEOUT" envDefault:"20s"`
+
+	// RunnerGRPCAddr serves the runner-facing RPCs (EventsService.Connect,
+	// GitHubTokenService.IssueRepoToken) over mTLS; empty disables it.
+	RunnerGRPCAddr string `env:"TASKRUNNER_RUNNER_GRPC_ADDR" envDefault:"127.0.0.1:7443"`
+	// TLS material of the runner port: the server certificate and the
+	// runner CA that signs task certificates (and, with its key, lets
+	// Dispatch mint them).
+	TLSCertFile     string `env:"TASKRUNNER_TLS_CERT_FILE"`
+	TLSKeyFile      string `env:"TASKRUNNER_TLS_KEY_FILE"`
+	RunnerCAFile    string `env:"TASKRUNNER_RUNNER_CA_FILE"`
+	RunnerCAKeyFile string `env:"TASKRUNNER_RUNNER_CA_KEY_FILE"`
+	TrustDomain     string `env:"TASKRUNNER_TRUST_DOMAIN" envDefault:"taskrunner.local"`
+	RedisPrefix     string `env:"TASKRUNNER_REDIS_PREFIX"`
+
+	// SandboxProvider selects where Dispatch runs tasks.
+	SandboxProvider  string `env:"TASKRUNNER_SANDBOX_PROVIDER" envDefault:"process"`
+	ProcessRunnerBin string `env:"TASKRUNNER_PROCESS_RUNNER_BIN" envDefault:"runner"`
+	ProcessWorkRoot  string `env:"TASKRUNNER_PROCESS_WORK_ROOT" envDefault:".dev/sandboxes"`
+	ProcessBwrap     string `env:"TASKRUNNER_PROCESS_BWRAP" envDefault:"auto"`
+
+	// When TaskService and DispatchService run in different processes, the
+	// Task side reaches Dispatch here, with an internal-scope token.
+	DispatchAddr  string `env:"TASKRUNNER_DISPATCH_ADDR"`
+	InternalToken string `env:"TASKRUNNER_INTERNAL_TOKEN"`
+}
+
+// TLSConfigured reports whether the runner port has its certificates.
+func (d Daemon) TLSConfigured() bool {
+	return d.TLSCertFile != "" && d.TLSKeyFile != "" && d.RunnerCAFile != ""
 }
 
 // Load reads the environment.
@@ -84,6 +113,27 @@ func (d Daemon) Validate() error {
 	}
 	if d.ShutdownTimeout <= 0 {
 		return fmt.Errorf("TASKRUNNER_SHUTDOWN_TIMEOUT: must be positive")
+	}
+	if d.RunnerGRPCAddr != "" {
+		if _, _, err := net.SplitHostPort(d.RunnerGRPCAddr); err != nil {
+			return fmt.Errorf("TASKRUNNER_RUNNER_GRPC_ADDR: want host:port, got %q", d.RunnerGRPCAddr)
+		}
+	}
+	if (d.TLSCertFile != "" || d.TLSKeyFile != "") && !d.TLSConfigured() {
+		return fmt.Errorf("TASKRUNNER_TLS_CERT_FILE, TASKRUNNER_TLS_KEY_FILE and TASKRUNNER_RUNNER_CA_FILE must be set together")
+	}
+	switch d.SandboxProvider {
+	case "process", "docker", "fly", "kubernetes", "boxlite":
+	default:
+		return fmt.Errorf("TASKRUNNER_SANDBOX_PROVIDER: unknown provider %q (want process, docker, fly, kubernetes or boxlite)", d.SandboxProvider)
+	}
+	if d.DispatchAddr != "" {
+		if _, _, err := net.SplitHostPort(d.DispatchAddr); err != nil {
+			return fmt.Errorf("TASKRUNNER_DISPATCH_ADDR: want host:port, got %q", d.DispatchAddr)
+		}
+		if d.InternalToken == "" {
+			return fmt.Errorf("TASKRUNNER_INTERNAL_TOKEN: required with TASKRUNNER_DISPATCH_ADDR")
+		}
 	}
 	return nil
 }

@@ -79,6 +79,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	return &Server{cfg: cfg, d: d, tasks: task.NewStore(d.Pool), log: d.Logger}, nil
 }
 
+// ReaperInterval is how often the reaper and the queue's safety-net drain run.
+func (s *Server) ReaperInterval() time.Duration { return s.cfg.ReaperInterval }
+
 // admissionLock serialises admission decisions across replicas; the
 // decisions are short, so one transaction-scoped advisory lock is simpler
 // and safer than per-repository locking.
@@ -208,8 +211,8 @@ func (s *Server) create(ctx context.Context, t task.Task, deadline time.Time) (s
 	}
 	return s.d.Provider.Create(ctx, sandbox.Spec{
 		TaskID: t.ID, Owner: t.Owner, Image: s.cfg.RunnerImage,
-		Env:      s.RunnerEnv(ctx, t, deadline, certPEM, keyPEM),
-		CPUs:     s.cfg.RunnerCPUs, MemoryMB: s.cfg.RunnerMemoryMB, Deadline: deadline.Add(s.cfg.CancelGrace),
+		Env:  s.RunnerEnv(ctx, t, deadline, certPEM, keyPEM),
+		CPUs: s.cfg.RunnerCPUs, MemoryMB: s.cfg.RunnerMemoryMB, Deadline: deadline.Add(s.cfg.CancelGrace),
 	})
 }
 

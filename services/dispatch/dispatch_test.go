@@ -72,7 +72,9 @@ func (h *harness) server(t *testing.T, cfg Config, root string) *Server {
 	p, err := process.New(process.Config{RunnerBin: filepath.Join(h.dir, "runner"), WorkRoot: filepath.Join(h.dir, root), Bwrap: "never", KillGrace: time.Second}, lg)
 	require.NoError(t, err)
 	s, err := New(cfg, Deps{Pool: h.db.Pool, Provider: p, CA: h.ca, Canceller: h.cancels, Logger: lg,
-		Getenv: func(k string) string { return map[string]string{"ANTHROPIC_API_KEY": "sk-ant-test", "GITHUB_TOKEN": "ghp_shouldneverpass"}[k] }})
+		Getenv: func(k string) string {
+			return map[string]string{"ANTHROPIC_API_KEY": "sk-ant-test", "GITHUB_TOKEN": "ghp_shouldneverpass"}[k]
+		}})
 	require.NoError(t, err)
 	t.Cleanup(func() { h.destroyAll(t, p) })
 	return s

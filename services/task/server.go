@@ -338,3 +338,29 @@ func ToProto(t Task) *taskrunnerv1.Task {
 	}
 	return out
 }
+
+// FromProto converts a wire task back (for callers of a remote TaskService
+// or DispatchService).
+func FromProto(p *taskrunnerv1.Task) Task {
+	t := Task{ID: p.GetId(), Owner: p.GetOwner(), Repo: p.GetRepo(), BaseBranch: p.GetBaseBranch(), HeadBranch: p.GetHeadBranch(),
+		Prompt: p.GetPrompt(), Status: statusFromProto[p.GetStatus()], Stage: stageFromProto[p.GetStage()],
+		Diff:  DiffStats{p.GetDiffStats().GetAdditions(), p.GetDiffStats().GetDeletions(), p.GetDiffStats().GetFilesChanged()},
+		Usage: Usage{p.GetUsage().GetCostUsd(), p.GetUsage().GetTokensIn(), p.GetUsage().GetTokensOut()},
+		PRURL: p.GetPrUrl(), PRNumber: p.GetPrNumber(), FailedReason: p.GetFailedReason(), LastSeq: p.GetLastSeq(),
+		TraceID: p.GetTraceId(), RetryOf: p.GetRetryOf(),
+		CreatedAt: p.GetCreateTime().AsTime(), UpdatedAt: p.GetUpdateTime().AsTime()}
+	for a, v := range agentToProto {
+		if v == p.GetAgent() {
+			t.Agent = a
+		}
+	}
+	if p.GetDeadlineTime() != nil {
+		d := p.GetDeadlineTime().AsTime()
+		t.DeadlineAt = &d
+	}
+	if p.GetHeartbeatTime() != nil {
+		h := p.GetHeartbeatTime().AsTime()
+		t.HeartbeatAt = &h
+	}
+	return t
+}

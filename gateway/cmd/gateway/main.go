@@ -15,12 +15,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/caarlos0/env/v11"
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/taskrunner/taskrunner/gateway/config"
 	"github.com/taskrunner/taskrunner/gateway/rest"
+	"github.com/taskrunner/taskrunner/gateway/sse"
+	"github.com/taskrunner/taskrunner/gateway/webhook"
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
 
 func main() {
@@ -58,11 +63,55 @@ func run() error {
 		}
 		defer eventsConn.Close()
 	}
-	h, err := rest.Handler(ctx, rest.Options{Task: taskConn, Events: eventsConn, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger})
+	ropts, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return fmt.Errorf("TASKRUNNER_REDIS_URL: %w", err)
+	}
+	rdb := redis.NewClient(ropts)
+	defer rdb.Close()
+	// SSE calls the services with the caller's own token (never the
+	// webhook's internal one).
+	stream, err := sse.New(sse.Config{RedisPrefix: cfg.RedisPrefix, Heartbeat: cfg.SSEHeartbeat, ClientQueue: cfg.SSEClientQueue,
+		WriteTimeout: cfg.SSEWriteTimeout, StatusInterval: cfg.SSEStatusInterval},
+		taskrunnerv1.NewTaskServiceClient(taskConn), taskrunnerv1.NewEventsServiceClient(eventsConn), rdb, logger)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	defer stream.Close()
+	h, err := rest.Handler(ctx, rest.Options{Task: taskConn, Events: eventsConn, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
+		Extra: stream.Routes()})
+	if err != nil {
+		return err
+	}
+	root := http.NewServeMux()
+	root.Handle("/", h)
+	// The webhook has its own body limit (GitHub deliveries can exceed the
+	// API's), so it is mounted outside the REST middleware.
+	var whCfg webhook.Config
+	if err := env.Parse(&whCfg); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	if whCfg.Secret == "" {
+		logger.Warn("TASKRUNNER_GITHUB_WEBHOOK_SECRET is not set: POST " + webhook.Path + " is disabled")
+	} else {
+		if cfg.InternalToken == "" {
+			return fmt.Errorf("TASKRUNNER_GATEWAY_INTERNAL_TOKEN: required with TASKRUNNER_GITHUB_WEBHOOK_SECRET (create one with `taskctl token create --owner gateway --scopes internal`)")
+		}
+		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithPerRPCCredentials(webhook.BearerToken(cfg.InternalToken)))
+		if err != nil {
+			return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
+		}
+		defer whConn.Close()
+		wh, err := webhook.New(whCfg, taskrunnerv1.NewTaskServiceClient(whConn), logger)
+		if err != nil {
+			return err
+		}
+		root.Handle("POST "+webhook.Path, wh)
+	}
+	srv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
+	// SSE streams never go idle; end them so Shutdown need not wait them out.
+	srv.RegisterOnShutdown(stream.Close)
 	lis, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("TASKRUNNER_HTTP_ADDR: %w", err)

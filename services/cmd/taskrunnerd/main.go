@@ -18,12 +18,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
-	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/config"
-	"github.com/taskrunner/taskrunner/services/rpcserver"
 	"github.com/taskrunner/taskrunner/services/store"
-	"github.com/taskrunner/taskrunner/services/task"
 )
 
 const usage = `usage: taskrunnerd [serve] [--services=task,dispatch,githubtoken,events|all]
@@ -95,11 +91,11 @@ func migrate(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error 
 	return nil
 }
 
-// serve runs the gRPC server until ctx ends, then drains it: health goes
-// NOT_SERVING first so load balancers stop sending, then GracefulStop lets
-// in-flight calls finish (bounded by the shutdown timeout).
+// serve runs the gRPC servers until ctx ends, then drains them: health goes
+// NOT_SERVING first so load balancers stop sending, runner streams are told
+// to reconnect elsewhere, then GracefulStop lets in-flight calls finish
+// (bounded by the shutdown timeout).
 func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error {
-	names, _ := cfg.ServiceList()
 	pool, err := store.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
@@ -112,59 +108,73 @@ func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error {
 	rdb := redis.NewClient(ropts)
 	defer rdb.Close()
 
-	srv := rpcserver.New(rpcserver.Options{
-		Logger: logger,
-		Auth:   auth.NewStore(pool),
-	})
-	var healthNames []string
-	for _, n := range names {
-		switch n {
-		case config.ServiceTask:
-			taskrunnerv1.RegisterTaskServiceServer(srv, task.New(task.NewStore(pool), nil, logger))
-			healthNames = append(healthNames, taskrunnerv1.TaskService_ServiceDesc.ServiceName)
-		case config.ServiceDispatch:
-			taskrunnerv1.RegisterDispatchServiceServer(srv, taskrunnerv1.UnimplementedDispatchServiceServer{})
-			healthNames = append(healthNames, taskrunnerv1.DispatchService_ServiceDesc.ServiceName)
-		case config.ServiceGitHubToken:
-			taskrunnerv1.RegisterGitHubTokenServiceServer(srv, taskrunnerv1.UnimplementedGitHubTokenServiceServer{})
-			healthNames = append(healthNames, taskrunnerv1.GitHubTokenService_ServiceDesc.ServiceName)
-		case config.ServiceEvents:
-			taskrunnerv1.RegisterEventsServiceServer(srv, taskrunnerv1.UnimplementedEventsServiceServer{})
-			healthNames = append(healthNames, taskrunnerv1.EventsService_ServiceDesc.ServiceName)
-		}
+	a, err := assemble(ctx, cfg, pool, rdb, logger)
+	if err != nil {
+		return err
 	}
-	health := rpcserver.NewHealth(srv, healthNames)
+	defer a.close()
 
 	lis, err := net.Listen("tcp", cfg.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("TASKRUNNER_GRPC_ADDR: %w", err)
 	}
-	logger.Info("taskrunnerd listening", "addr", lis.Addr().String(), "services", names)
+	logger.Info("taskrunnerd listening", "addr", lis.Addr().String(), "services", a.names)
+	var runnerLis net.Listener
+	if a.runner != nil {
+		if runnerLis, err = net.Listen("tcp", cfg.RunnerGRPCAddr); err != nil {
+			return fmt.Errorf("TASKRUNNER_RUNNER_GRPC_ADDR: %w", err)
+		}
+		logger.Info("runner port listening (mTLS)", "addr", runnerLis.Addr().String())
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			return err
+	serveOn := func(srv *grpc.Server, l net.Listener) func() error {
+		return func() error {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return err
+			}
+			return nil
 		}
-		return nil
-	})
+	}
+	g.Go(serveOn(a.public, lis))
+	if a.runner != nil {
+		g.Go(serveOn(a.runner, runnerLis))
+	}
 	g.Go(func() error {
-		health.Watch(gctx, logger, 2*time.Second, func(ctx context.Context) error {
+		a.health.Watch(gctx, logger, 2*time.Second, func(ctx context.Context) error {
 			return ping(ctx, pool, rdb)
 		})
 		return nil
 	})
+	for _, bg := range a.background {
+		g.Go(func() error { bg(gctx); return nil })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		logger.Info("shutting down")
-		health.Shutdown()
+		a.health.Shutdown()
+		if a.runnerHealth != nil {
+			a.runnerHealth.Shutdown()
+		}
+		if a.events != nil {
+			a.events.Close()
+		}
 		done := make(chan struct{})
-		go func() { srv.GracefulStop(); close(done) }()
+		go func() {
+			if a.runner != nil {
+				a.runner.GracefulStop()
+			}
+			a.public.GracefulStop()
+			close(done)
+		}()
 		select {
 		case <-done:
 		case <-time.After(cfg.ShutdownTimeout):
 			logger.Warn("shutdown timeout: stopping remaining calls")
-			srv.Stop()
+			if a.runner != nil {
+				a.runner.Stop()
+			}
+			a.public.Stop()
 		}
 		return nil
 	})

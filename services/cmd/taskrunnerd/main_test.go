@@ -20,6 +20,7 @@ import (
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
+	"github.com/taskrunner/taskrunner/services/pki"
 	"github.com/taskrunner/taskrunner/services/store/storetest"
 )
 
@@ -55,7 +56,20 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 			require.Contains(t, string(out), name, string(out))
 		})
 	}
-	out, err := exec.Command(bin, "--services=nope").CombinedOutput()
+	// A provider that cannot work with its settings fails at start.
+	cmd := exec.Command(bin, "--services=dispatch")
+	ca := t.TempDir()
+	_, perr := pki.InitDev(ca, "taskrunner.local", nil)
+	require.NoError(t, perr)
+	db := storetest.NewDB(t)
+	cmd.Env = append(os.Environ(), "TASKRUNNER_SANDBOX_PROVIDER=fly", "TASKRUNNER_DATABASE_URL="+db.URL,
+		"TASKRUNNER_RUNNER_CA_FILE="+filepath.Join(ca, "ca.pem"), "TASKRUNNER_RUNNER_CA_KEY_FILE="+filepath.Join(ca, "ca-key.pem"))
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "TASKRUNNER_FLY_", string(out))
+	require.Contains(t, string(out), "App", string(out))
+
+	out, err = exec.Command(bin, "--services=nope").CombinedOutput()
 	require.Error(t, err)
 	require.Contains(t, string(out), "TASKRUNNER_SERVICES")
 }

@@ -6,10 +6,13 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,6 +27,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/taskrunner/taskrunner/services/auth"
+	"github.com/taskrunner/taskrunner/services/pki"
 	"github.com/taskrunner/taskrunner/services/store"
 	"github.com/taskrunner/taskrunner/tools/devstack"
 )
@@ -106,10 +110,21 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 	}
 	httpAddr := envOr("TASKRUNNER_HTTP_ADDR", "127.0.0.1:8080")
 	grpcAddr := envOr("TASKRUNNER_GRPC_ADDR", "127.0.0.1:7070")
+	runnerAddr := envOr("TASKRUNNER_RUNNER_GRPC_ADDR", "127.0.0.1:7443")
+	forgeAddr := envOr("DEVSTACK_FORGE_ADDR", "127.0.0.1:3080")
+	modelAddr := envOr("DEVSTACK_MODELAPI_ADDR", "127.0.0.1:8089")
 	logDir := filepath.Join(*dir, "logs")
 	o := devstack.Options{Dir: *dir, AllowInstall: true, Logger: logger}
 	s := &stack{logger: logger}
 	defer s.stop()
+	for name, addr := range map[string]string{"TASKRUNNER_HTTP_ADDR": httpAddr, "TASKRUNNER_GRPC_ADDR": grpcAddr,
+		"TASKRUNNER_RUNNER_GRPC_ADDR": runnerAddr, "DEVSTACK_FORGE_ADDR": forgeAddr, "DEVSTACK_MODELAPI_ADDR": modelAddr} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s: %s is in use (is another `make run` still running?): %w", name, addr, err)
+		}
+		l.Close()
+	}
 
 	pg, err := devstack.EnsurePostgres(ctx, envOr("TASKRUNNER_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/taskrunner?sslmode=disable"), o)
 	if err != nil {
@@ -121,21 +136,103 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		return err
 	}
 	s.deps = append(s.deps, rd)
+	root, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	bin := func(n string) string { p, _ := filepath.Abs(filepath.Join(*binDir, n)); return p }
+	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
+
+	// Development PKI: the runner CA and the runner port's certificate.
+	paths, err := pki.InitDev(filepath.Join(*dir, "pki"), envOr("TASKRUNNER_TRUST_DOMAIN", "taskrunner.local"), nil)
+	if err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	secrets, err := loadSecrets(filepath.Join(*dir, "secrets.env"))
+	if err != nil {
+		return err
+	}
 	env := []string{
 		"TASKRUNNER_DATABASE_URL=" + pg.URL,
 		"TASKRUNNER_REDIS_URL=" + rd.URL,
 		"TASKRUNNER_GRPC_ADDR=" + grpcAddr,
+		"TASKRUNNER_RUNNER_GRPC_ADDR=" + runnerAddr,
 		"TASKRUNNER_HTTP_ADDR=" + httpAddr,
 		"TASKRUNNER_TASK_ADDR=" + grpcAddr,
 		"TASKRUNNER_EVENTS_ADDR=" + grpcAddr,
+		"TASKRUNNER_TLS_CERT_FILE=" + abs(paths.ServerCert),
+		"TASKRUNNER_TLS_KEY_FILE=" + abs(paths.ServerKey),
+		"TASKRUNNER_RUNNER_CA_FILE=" + abs(paths.CACert),
+		"TASKRUNNER_RUNNER_CA_KEY_FILE=" + abs(paths.CAKey),
+		"TASKRUNNER_RUNNER_EVENTS_ADDR=" + runnerAddr,
+		"TASKRUNNER_RUNNER_SERVER_NAME=localhost",
+		"TASKRUNNER_PROCESS_RUNNER_BIN=" + bin("runner"),
+		"TASKRUNNER_PROCESS_WORK_ROOT=" + abs(filepath.Join(*dir, "sandboxes")),
+		"TASKRUNNER_GITHUB_WEBHOOK_SECRET=" + secrets["webhook"],
+		// The agent CLIs come from the pinned npm packages.
+		"PATH=" + filepath.Join(root, "node_modules", ".bin") + string(os.PathListSeparator) + os.Getenv("PATH"),
 	}
-	bin := func(n string) string { p, _ := filepath.Abs(filepath.Join(*binDir, n)); return p }
+
+	// The model API: the real one when ANTHROPIC_API_KEY is set, otherwise
+	// the scripted stand-in with the demo script.
+	modelURL := "the real Anthropic API (ANTHROPIC_API_KEY is set)"
+	if os.Getenv("ANTHROPIC_API_KEY") == "" {
+		ma, err := devstack.Start("modelapi", logDir, bin("modelapi"), []string{"--addr", modelAddr, "--script", filepath.Join(root, "tools", "demo", "claude-demo.yaml")}, nil)
+		if err != nil {
+			return err
+		}
+		s.procs = append(s.procs, ma)
+		if err := ma.WaitReady(ctx, 20*time.Second, tcpReady(modelAddr)); err != nil {
+			return err
+		}
+		modelURL = "http://" + modelAddr + " (scripted demo model)"
+		env = append(env, "ANTHROPIC_BASE_URL=http://"+modelAddr, "ANTHROPIC_API_KEY=offline-demo-key")
+	}
+
+	// GitHub: the real one when App or token settings are given, otherwise
+	// the local forge seeded with the demo repository.
+	mergeHint := ""
+	forgeInfo := "GitHub (" + envOr("TASKRUNNER_GITHUB_API_URL", "https://api.github.com/") + ")"
+	if os.Getenv("TASKRUNNER_GITHUB_APP_ID") == "" && os.Getenv("TASKRUNNER_GITHUB_TOKEN") == "" {
+		forgeDir := abs(filepath.Join(*dir, "forge"))
+		// The forge keeps pull requests in memory: start every run from the
+		// pristine demo repository so the demo works again after a merge.
+		if err := os.RemoveAll(filepath.Join(forgeDir, "repos", "demo", "greet.git")); err != nil {
+			return err
+		}
+		fg, err := devstack.Start("forge", logDir, bin("forge"), []string{"--addr", forgeAddr, "--data-dir", forgeDir,
+			"--seed", "demo/greet=" + filepath.Join(root, "tools", "demo", "sample-repo"),
+			"--webhook-url", "http://" + httpAddr + "/v1/webhooks/github", "--webhook-secret", secrets["webhook"],
+			"--app-id", "1", "--app-key-file", filepath.Join(forgeDir, "app-key.pem"),
+			"--personal-token", secrets["forge"]}, nil)
+		if err != nil {
+			return err
+		}
+		s.procs = append(s.procs, fg)
+		if err := fg.WaitReady(ctx, 20*time.Second, tcpReady(forgeAddr)); err != nil {
+			return err
+		}
+		// The forge forgets its tokens when it restarts: never reuse tokens
+		// cached by an earlier run.
+		run := make([]byte, 4)
+		_, _ = rand.Read(run)
+		env = append(env, "TASKRUNNER_GITHUB_CACHE_PREFIX=taskrunner:githubtoken:dev-"+hex.EncodeToString(run)+":")
+		forgeInfo = "http://" + forgeAddr + " (local forge; repository demo/greet; admin token in .dev/secrets.env)"
+		mergeHint = fmt.Sprintf("\nMerge its pull request on the forge (the webhook moves the task to done):\n\n  curl -s -X PUT http://%s/repos/demo/greet/pulls/<number>/merge -H 'Authorization: token %s'\n", forgeAddr, secrets["forge"])
+		env = append(env, "TASKRUNNER_GITHUB_API_URL=http://"+forgeAddr+"/", "TASKRUNNER_GITHUB_GIT_URL=http://"+forgeAddr,
+			"TASKRUNNER_GITHUB_APP_ID=1", "TASKRUNNER_GITHUB_APP_KEY_FILE="+filepath.Join(forgeDir, "app-key.pem"))
+	}
 
 	migrate := exec.CommandContext(ctx, bin("taskrunnerd"), "migrate")
 	migrate.Env = append(os.Environ(), env...)
 	if out, err := migrate.CombinedOutput(); err != nil {
 		return fmt.Errorf("taskrunnerd migrate: %w\n%s", err, out)
 	}
+	internal, err := internalToken(ctx, pg.URL, filepath.Join(*dir, "internal-token"))
+	if err != nil {
+		return err
+	}
+	env = append(env, "TASKRUNNER_GATEWAY_INTERNAL_TOKEN="+internal)
 
 	daemon, err := devstack.Start("taskrunnerd", logDir, bin("taskrunnerd"), []string{"--services=all"}, env)
 	if err != nil {
@@ -182,16 +279,18 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	printBanner(httpAddr, grpcAddr, token, logDir)
+	printBanner(banner{http: httpAddr, grpc: grpcAddr, token: token, logs: logDir, model: modelURL, forge: forgeInfo, merge: mergeHint})
 
+	exited := make(chan *devstack.Proc, len(s.procs))
+	for _, p := range s.procs {
+		go func() { <-p.Done(); exited <- p }()
+	}
 	select {
 	case <-ctx.Done():
 		logger.Info("stopping the stack")
 		return nil
-	case <-daemon.Done():
-		return fmt.Errorf("taskrunnerd exited: %v (log: %s)", daemon.Err(), daemon.LogPath)
-	case <-gw.Done():
-		return fmt.Errorf("gateway exited: %v (log: %s)", gw.Err(), gw.LogPath)
+	case p := <-exited:
+		return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.LogPath)
 	}
 }
 
@@ -217,25 +316,90 @@ func devToken(ctx context.Context, dbURL, path string) (string, error) {
 	return tok, os.WriteFile(path, []byte(tok+"\n"), 0o600)
 }
 
-func printBanner(httpAddr, grpcAddr, token, logDir string) {
+type banner struct{ http, grpc, token, logs, model, forge, merge string }
+
+func printBanner(b banner) {
 	fmt.Printf(`
 taskrunner is up.
 
   REST API     http://%[1]s/v1/tasks        (OpenAPI: http://%[1]s/openapi.json)
   gRPC         %[2]s                   (taskctl --addr %[2]s)
-  logs         %[4]s/
+  model API    %[5]s
+  forge        %[6]s
+  logs         %[4]s/   (sandboxes: .dev/sandboxes/)
   token        %[3]s     (owner "dev"; also in .dev/token)
 
-Create a task:
+Start the demo task (creates and dispatches it; the agent adds --farewell to demo/greet):
 
-  curl -s -X POST http://%[1]s/v1/tasks \
-    -H 'Authorization: Bearer %[3]s' -H 'Content-Type: application/json' \
-    -d '{"repo":"demo/greet","prompt":"Add a --farewell flag to greet"}'
+  curl -s -X POST http://%[1]s/v1/tasks -H 'Authorization: Bearer %[3]s' -d '{"repo":"demo/greet","prompt":"Add a --farewell flag to greet","dispatch":true}'
 
-List tasks over gRPC:
+Follow it live:
 
-  TASKRUNNER_TOKEN=%[3]s go run ./tools/cmd/taskctl task list
-
+  curl -N http://%[1]s/v1/tasks/<id>/events -H 'Authorization: Bearer %[3]s'
+  TASKRUNNER_TOKEN=%[3]s .dev/bin/taskctl task watch <id>
+%[7]s
 Press Ctrl-C to stop everything this command started.
-`, httpAddr, grpcAddr, token, logDir)
+`, b.http, b.grpc, b.token, b.logs, b.model, b.forge, b.merge)
+}
+
+// loadSecrets keeps development secrets stable across runs.
+func loadSecrets(path string) (map[string]string, error) {
+	out := map[string]string{}
+	if b, err := os.ReadFile(path); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, "="); ok {
+				out[k] = v
+			}
+		}
+	}
+	changed := false
+	for _, k := range []string{"webhook", "forge"} {
+		if out[k] == "" {
+			buf := make([]byte, 24)
+			_, _ = rand.Read(buf)
+			out[k] = hex.EncodeToString(buf)
+			if k == "forge" {
+				out[k] = "forge_" + out[k]
+			}
+			changed = true
+		}
+	}
+	if changed {
+		if err := os.WriteFile(path, []byte("webhook="+out["webhook"]+"\nforge="+out["forge"]+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func tcpReady(addr string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+}
+
+// internalToken is the gateway's internal-scope token (for the webhook).
+func internalToken(ctx context.Context, dbURL, path string) (string, error) {
+	pool, err := store.Open(ctx, dbURL)
+	if err != nil {
+		return "", err
+	}
+	defer pool.Close()
+	tokens := auth.NewStore(pool)
+	if b, err := os.ReadFile(path); err == nil {
+		tok := strings.TrimSpace(string(b))
+		if _, err := tokens.Authenticate(ctx, tok); err == nil {
+			return tok, nil
+		}
+	}
+	tok, _, err := tokens.Create(ctx, "gateway", []string{auth.ScopeInternal}, "make run: gateway webhook")
+	if err != nil {
+		return "", err
+	}
+	return tok, os.WriteFile(path, []byte(tok+"\n"), 0o600)
 }

@@ -1,0 +1,91 @@
+package sse
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config holds the SSE settings. Zero values take the defaults below.
+type Config struct {
+	// RedisPrefix is prepended to every Redis channel name; it must equal
+	// the Events service's RedisPrefix (may be empty).
+	RedisPrefix string
+	// Heartbeat is the interval of ": ping" comments that keep proxies
+	// from closing an idle stream. Default 15s.
+	Heartbeat time.Duration
+	// ClientQueue is how many live events may wait for one client; a client
+	// whose queue is full is cut off. Default 512.
+	ClientQueue int
+	// WriteTimeout bounds one write (and flush) to a client; a client that
+	// accepts nothing for this long is disconnected. Default 30s.
+	WriteTimeout time.Duration
+	// StatusInterval is how often an open stream checks, through GetTask,
+	// whether its task ended without a terminal event (reaper, cancel
+	// before start). Default 30s.
+	StatusInterval time.Duration
+	// Retry is the reconnection delay suggested to clients ("retry:").
+	// Default 3s.
+	Retry time.Duration
+	// ReplayPageSize is the ListEvents page size of replays (at most 1000,
+	// the Events service's limit). Default 500.
+	ReplayPageSize int
+}
+
+// Defaults.
+const (
+	DefaultHeartbeat      = 15 * time.Second
+	DefaultClientQueue    = 512
+	DefaultWriteTimeout   = 30 * time.Second
+	DefaultStatusInterval = 30 * time.Second
+	DefaultRetry          = 3 * time.Second
+	DefaultReplayPageSize = 500
+	maxReplayPageSize     = 1000
+)
+
+func (c Config) withDefaults() Config {
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.ClientQueue == 0 {
+		c.ClientQueue = DefaultClientQueue
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.StatusInterval == 0 {
+		c.StatusInterval = DefaultStatusInterval
+	}
+	if c.Retry == 0 {
+		c.Retry = DefaultRetry
+	}
+	if c.ReplayPageSize == 0 {
+		c.ReplayPageSize = DefaultReplayPageSize
+	}
+	return c
+}
+
+// Validate checks the configuration (after defaults are applied).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.Heartbeat < 0 || c.Heartbeat > time.Hour {
+		errs = append(errs, fmt.Errorf("sse: Heartbeat %s out of range (0, 1h]", c.Heartbeat))
+	}
+	if c.ClientQueue < 1 || c.ClientQueue > 1<<20 {
+		errs = append(errs, fmt.Errorf("sse: ClientQueue %d out of range 1..%d", c.ClientQueue, 1<<20))
+	}
+	if c.WriteTimeout < 0 {
+		errs = append(errs, fmt.Errorf("sse: WriteTimeout %s must be positive", c.WriteTimeout))
+	}
+	if c.StatusInterval < 0 {
+		errs = append(errs, fmt.Errorf("sse: StatusInterval %s must be positive", c.StatusInterval))
+	}
+	if c.Retry < 0 || c.Retry > time.Hour {
+		errs = append(errs, fmt.Errorf("sse: Retry %s out of range (0, 1h]", c.Retry))
+	}
+	if c.ReplayPageSize < 1 || c.ReplayPageSize > maxReplayPageSize {
+		errs = append(errs, fmt.Errorf("sse: ReplayPageSize %d out of range 1..%d", c.ReplayPageSize, maxReplayPageSize))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,403 @@
+package sse_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/taskrunner/taskrunner/gateway/sse"
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/auth"
+	"github.com/taskrunner/taskrunner/services/events"
+	"github.com/taskrunner/taskrunner/services/pki"
+	"github.com/taskrunner/taskrunner/services/rpcserver"
+	"github.com/taskrunner/taskrunner/services/store/storetest"
+	"github.com/taskrunner/taskrunner/services/task"
+)
+
+const trustDomain = "test.taskrunner.dev"
+
+// env is one test's PostgreSQL database and Redis key space, TaskService and
+// EventsService behind a real gRPC server on loopback (TLS, since runners
+// authenticate with client certificates), and the SSE handler behind
+// httptest, dialing those services as the gateway does.
+type env struct {
+	db     *storetest.DB
+	rds    *storetest.Redis
+	ca     *pki.CA
+	tasks  *task.Store
+	tokens *auth.Store
+	addr   string           // gRPC
+	cc     *grpc.ClientConn // the gateway's connection to the services
+	h      *sse.Handler
+	srv    *httptest.Server
+}
+
+type envOptions struct {
+	// smallSendBuffer shrinks the kernel send buffer of the HTTP server's
+	// connections so that a client that stops reading blocks the writer
+	// after a few kilobytes instead of a few megabytes.
+	smallSendBuffer bool
+}
+
+func newEnv(t *testing.T, cfg sse.Config, o envOptions) *env {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	db := storetest.NewDB(t)
+	rds := storetest.NewRedis(t)
+	ca, err := pki.NewCA(trustDomain, 24*time.Hour)
+	require.NoError(t, err)
+	certPEM, keyPEM, err := ca.MintServerCert([]string{"127.0.0.1", "localhost"}, time.Hour)
+	require.NoError(t, err)
+	rl, err := pki.NewReloaderFromSource(pki.Source{CertPEM: string(certPEM), KeyPEM: string(keyPEM), CAPEM: string(ca.CertPEM())}, nil)
+	require.NoError(t, err)
+	e := &env{db: db, rds: rds, ca: ca, tasks: task.NewStore(db.Pool), tokens: auth.NewStore(db.Pool)}
+
+	// The services.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	evs, err := events.New(events.Config{TrustDomain: trustDomain, RedisPrefix: rds.Prefix, HeartbeatInterval: time.Second}, db.Pool, rds.Client, log)
+	require.NoError(t, err)
+	gs := rpcserver.New(rpcserver.Options{
+		Logger: log, Auth: e.tokens,
+		Anonymous:     map[string]bool{taskrunnerv1.EventsService_Connect_FullMethodName: true},
+		ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(pki.ServerTLSConfig(rl)))},
+	})
+	taskrunnerv1.RegisterTaskServiceServer(gs, task.New(e.tasks, nil, log))
+	taskrunnerv1.RegisterEventsServiceServer(gs, evs)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = gs.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		evs.Close()
+		gs.Stop()
+		<-served
+	})
+	e.addr = lis.Addr().String()
+
+	// The gateway side: a plain client connection, no database.
+	cc, err := grpc.NewClient("passthrough:///"+e.addr, grpc.WithTransportCredentials(credentials.NewTLS(
+		&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca.Pool(), ServerName: "127.0.0.1"})))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	e.cc = cc
+	cfg.RedisPrefix = rds.Prefix
+	e.h, err = sse.New(cfg, taskrunnerv1.NewTaskServiceClient(cc), taskrunnerv1.NewEventsServiceClient(cc), rds.Client, log)
+	require.NoError(t, err)
+	t.Cleanup(e.h.Close)
+
+	e.srv = httptest.NewUnstartedServer(e.h)
+	if o.smallSendBuffer {
+		e.srv.Listener = smallBufListener{e.srv.Listener}
+	}
+	e.srv.Start()
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+type smallBufListener struct{ net.Listener }
+
+func (l smallBufListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// token is a fresh bearer token of owner.
+func (e *env) token(t *testing.T, owner string) string {
+	t.Helper()
+	tok, _, err := e.tokens.Create(context.Background(), owner, []string{auth.ScopeTasks}, "test")
+	require.NoError(t, err)
+	return tok
+}
+
+// newTask creates a task of owner (status proposing, repo acme/widgets, base main).
+func (e *env) newTask(t *testing.T, owner string) string {
+	t.Helper()
+	tk, _, err := e.tasks.Create(context.Background(), task.NewTask{Owner: owner, Repo: "acme/widgets", BaseBranch: "main", Prompt: "add a widget", Agent: task.AgentClaude}, "")
+	require.NoError(t, err)
+	return tk.ID
+}
+
+// runningTask creates a task of owner and moves it to running as Dispatch would.
+func (e *env) runningTask(t *testing.T, owner string) string {
+	t.Helper()
+	id := e.newTask(t, owner)
+	ctx := context.Background()
+	_, err := e.db.Pool.Exec(ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, id)
+	require.NoError(t, err)
+	_, applied, err := e.tasks.Advance(ctx, id, "", task.Advance{Status: task.StatusRunning, RequestID: "dispatch"})
+	require.NoError(t, err)
+	require.True(t, applied)
+	return id
+}
+
+// store writes events into the log without publishing them (as if their
+// Redis message were lost).
+func (e *env) store(t *testing.T, id string, evs ...*taskrunnerv1.Event) {
+	t.Helper()
+	for _, ev := range evs {
+		b, err := events.EncodeEvent(ev)
+		require.NoError(t, err)
+		_, err = e.db.Pool.Exec(context.Background(), `INSERT INTO task_events (task_id, seq, type, payload) VALUES ($1, $2, $3, $4)`,
+			id, ev.GetSeq(), events.TypeName(ev), b)
+		require.NoError(t, err)
+	}
+}
+
+// publish sends events on the task's channel as the committer does.
+func (e *env) publish(t *testing.T, id string, evs ...*taskrunnerv1.Event) {
+	t.Helper()
+	for _, ev := range evs {
+		b, err := events.EncodeEvent(ev)
+		require.NoError(t, err)
+		require.NoError(t, e.rds.Client.Publish(context.Background(), events.Channel(e.rds.Prefix, id), b).Err())
+	}
+}
+
+// emit commits then publishes, the Events service's order.
+func (e *env) emit(t *testing.T, id string, evs ...*taskrunnerv1.Event) {
+	t.Helper()
+	e.store(t, id, evs...)
+	e.publish(t, id, evs...)
+}
+
+// runner is a minimal runner on the real Connect stream with a task
+// certificate (mTLS): the path events take in production.
+type runner struct {
+	stream grpc.BidiStreamingClient[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse]
+}
+
+func (e *env) runner(t *testing.T, id string) *runner {
+	t.Helper()
+	certPEM, keyPEM, err := e.ca.MintTaskCert(id, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	require.NoError(t, err)
+	cc, err := grpc.NewClient("passthrough:///"+e.addr, grpc.WithTransportCredentials(credentials.NewTLS(
+		&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, RootCAs: e.ca.Pool(), ServerName: "127.0.0.1"})))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		cancel()
+		_ = cc.Close()
+	})
+	stream, err := taskrunnerv1.NewEventsServiceClient(cc).Connect(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&taskrunnerv1.ConnectRequest{Msg: &taskrunnerv1.ConnectRequest_Hello{Hello: &taskrunnerv1.Hello{
+		TaskId: id, ProtocolVersion: taskrunnerv1.ProtocolVersion_PROTOCOL_VERSION_1}}}))
+	m, err := stream.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, m.GetWelcome())
+	return &runner{stream: stream}
+}
+
+// send streams evs (their seqs set) and waits until the last is acknowledged.
+func (r *runner) send(t *testing.T, evs ...*taskrunnerv1.Event) {
+	t.Helper()
+	for _, ev := range evs {
+		require.NoError(t, r.stream.Send(&taskrunnerv1.ConnectRequest{Msg: &taskrunnerv1.ConnectRequest_Event{Event: ev}}))
+	}
+	want := evs[len(evs)-1].GetSeq()
+	for {
+		m, err := r.stream.Recv()
+		require.NoError(t, err)
+		if m.GetAck() != nil && m.GetAck().GetSeq() >= want {
+			return
+		}
+	}
+}
+
+// msg is one SSE message or comment as a client sees it.
+type msg struct {
+	id      int64
+	event   string
+	data    string
+	retry   string
+	comment string
+}
+
+// client is an SSE connection read by the test.
+type client struct {
+	resp *http.Response
+	rd   *bufio.Reader
+}
+
+// request builds a GET for path with an optional token and Last-Event-ID.
+func (e *env) request(t *testing.T, ctx context.Context, path, token string, hdr map[string]string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.srv.URL+path, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	return req
+}
+
+// open connects and reads up to the retry hint: from then on the stream's
+// Redis subscription is confirmed, so anything published is seen.
+func (e *env) open(t *testing.T, path, token string, hdr map[string]string) *client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	resp, err := e.srv.Client().Do(e.request(t, ctx, path, token, hdr))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = resp.Body.Close() })
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	require.Equal(t, "no-cache", resp.Header.Get("Cache-Control"))
+	require.Equal(t, "no", resp.Header.Get("X-Accel-Buffering"))
+	c := &client{resp: resp, rd: bufio.NewReaderSize(resp.Body, 1<<20)}
+	first, err := c.next()
+	require.NoError(t, err)
+	require.NotEmpty(t, first.retry, "the stream starts with a retry hint")
+	return c
+}
+
+// next reads one message or comment.
+func (c *client) next() (msg, error) {
+	var m msg
+	seen := false
+	for {
+		line, err := c.rd.ReadString('\n')
+		if err != nil {
+			if errors.Is(err, io.EOF) && line == "" && !seen {
+				return m, io.EOF
+			}
+			return m, fmt.Errorf("truncated message %q: %w", line, err)
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" {
+			if seen {
+				return m, nil
+			}
+			continue
+		}
+		seen = true
+		field, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		switch field {
+		case "":
+			m.comment = value
+		case "id":
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil {
+				return m, err
+			}
+			m.id = n
+		case "event":
+			m.event = value
+		case "data":
+			m.data += value
+		case "retry":
+			m.retry = value
+		default:
+			return m, fmt.Errorf("unexpected field %q", line)
+		}
+	}
+}
+
+// events reads messages (skipping comments) until the server ends the
+// stream, failing on anything that is not a clean end.
+func (c *client) events(t *testing.T) []msg {
+	t.Helper()
+	var out []msg
+	for {
+		m, err := c.next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		require.NoError(t, err)
+		if m.comment == "" {
+			out = append(out, m)
+		}
+	}
+}
+
+// take reads exactly n messages, skipping comments.
+func (c *client) take(t *testing.T, n int) []msg {
+	t.Helper()
+	var out []msg
+	for len(out) < n {
+		m, err := c.next()
+		require.NoError(t, err)
+		if m.comment == "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func ids(ms []msg) []int64 {
+	out := make([]int64, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.id)
+	}
+	return out
+}
+
+func seqRange(from, to int64) []int64 {
+	var out []int64
+	for i := from; i <= to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// Event builders; seq is set by the caller through at.
+func at(seq int64, ev *taskrunnerv1.Event) *taskrunnerv1.Event { ev.Seq = seq; return ev }
+
+func stage(s taskrunnerv1.TaskStage) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: s}}}
+}
+
+func logLine(line string) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{line}}}}
+}
+
+func diff(add, del, files int64) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_DiffStats{DiffStats: &taskrunnerv1.DiffStats{Additions: add, Deletions: del, FilesChanged: files}}}
+}
+
+func completed(url string, n int64) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Completed{Completed: &taskrunnerv1.Completed{PrUrl: url, PrNumber: n}}}
+}
+
+func failed(reason string) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Failed{Failed: &taskrunnerv1.Failed{Reason: reason}}}
+}
+
+func cancelled(reason string) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Cancelled{Cancelled: &taskrunnerv1.Cancelled{Reason: reason}}}
+}
+
+// logs is n log events with seqs from, from+1, …
+func logs(from int64, n int) []*taskrunnerv1.Event {
+	out := make([]*taskrunnerv1.Event, 0, n)
+	for i := range n {
+		out = append(out, at(from+int64(i), logLine("line "+strconv.Itoa(int(from)+i))))
+	}
+	return out
+}

@@ -1,0 +1,401 @@
+package sse
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/events"
+)
+
+// Route patterns (net/http ServeMux syntax), all served by Handler.
+//
+// The legacy path takes the repository either as one URL-encoded segment
+// (owner%2Fname) or as two segments (owner/name).
+// The branch is always one segment: a branch with a slash must be encoded
+// (feature%2Fx). The task must belong to that repository (compared without
+// case, as GitHub does) and have that branch as its base or head branch,
+// or the answer is 404.
+const (
+	PathPattern            = "GET /v1/tasks/{id}/events"
+	LegacyPathPattern      = "GET /v1/projects/{repo}/branches/{branch}/tasks/{id}/events"
+	LegacySplitPathPattern = "GET /v1/projects/{owner}/{name}/branches/{branch}/tasks/{id}/events"
+)
+
+const (
+	subscribeTimeout  = 10 * time.Second
+	lastEventIDHeader = "Last-Event-ID"
+	lastEventIDQuery  = "last_event_id"
+	accessTokenQuery  = "access_token"
+	requestIDHeader   = "X-Request-Id"
+	bearerPrefix      = "Bearer "
+	heartbeatComment  = ": ping\n\n"
+	bearerChallenge   = `Bearer realm="taskrunner"`
+)
+
+// Handler serves the SSE routes. Create it with New, mount Routes, and
+// call Close when the HTTP server shuts down (before waiting for
+// connections: streams never go idle on their own).
+type Handler struct {
+	cfg    Config
+	tasks  taskrunnerv1.TaskServiceClient
+	events taskrunnerv1.EventsServiceClient
+	log    *slog.Logger
+	hub    *hub
+	mux    *http.ServeMux
+
+	subscribers atomic.Int64
+
+	// beforeReplay, when set (tests only), runs after the subscription is
+	// confirmed and before the replay starts.
+	beforeReplay func(taskID string)
+}
+
+// New validates cfg and starts the hub on rdb (one pub/sub connection for
+// the whole process). tasks and events are clients of the public services;
+// every call carries the caller's own bearer token.
+func New(cfg Config, tasks taskrunnerv1.TaskServiceClient, events taskrunnerv1.EventsServiceClient, rdb redis.UniversalClient, logger *slog.Logger) (*Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if tasks == nil || events == nil || rdb == nil || logger == nil {
+		return nil, errors.New("sse: New needs a TaskService client, an EventsService client, a redis client and a logger")
+	}
+	h := &Handler{cfg: cfg.withDefaults(), tasks: tasks, events: events, log: logger}
+	h.mux = http.NewServeMux()
+	h.mux.HandleFunc(PathPattern, h.serve)
+	h.mux.HandleFunc(LegacyPathPattern, h.serve)
+	h.mux.HandleFunc(LegacySplitPathPattern, h.serve)
+	h.hub = newHub(rdb, h.cfg.RedisPrefix, logger)
+	return h, nil
+}
+
+// Routes maps each route pattern to h, for rest.Options.Extra.
+func (h *Handler) Routes() map[string]http.Handler {
+	return map[string]http.Handler{PathPattern: h, LegacyPathPattern: h, LegacySplitPathPattern: h}
+}
+
+// ServeHTTP serves the SSE routes and answers 404 for anything else.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// Subscribers is the number of streams currently open (a gauge for metrics).
+func (h *Handler) Subscribers() int64 { return h.subscribers.Load() }
+
+// Channels is the number of task channels the hub has subscribed in Redis.
+func (h *Handler) Channels() int { return h.hub.channels() }
+
+// Close ends every stream (clients reconnect with Last-Event-ID, to another
+// gateway if this one is going away) and closes the Redis connection. It
+// is idempotent. Wire it with http.Server.RegisterOnShutdown.
+func (h *Handler) Close() { h.hub.close() }
+
+// token returns the caller's bearer token: the Authorization header, or
+// the access_token query parameter, which exists because a browser's
+// EventSource cannot set headers. ok is false for a malformed header.
+func token(r *http.Request) (tok string, ok bool) {
+	if v := r.Header.Get("Authorization"); v != "" {
+		if len(v) <= len(bearerPrefix) || !strings.EqualFold(v[:len(bearerPrefix)], bearerPrefix) {
+			return "", false
+		}
+		return strings.TrimSpace(v[len(bearerPrefix):]), true
+	}
+	return r.URL.Query().Get(accessTokenQuery), true
+}
+
+// lastEventID is where the replay starts: the Last-Event-ID header (sent
+// by EventSource when it reconnects) or the last_event_id query parameter.
+func lastEventID(r *http.Request) (int64, error) {
+	v := r.Header.Get(lastEventIDHeader)
+	if v == "" {
+		v = r.URL.Query().Get(lastEventIDQuery)
+	}
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 0 {
+		return 0, errors.New("Last-Event-ID must be a sequence number (a non-negative integer), got " + strconv.Quote(v))
+	}
+	return n, nil
+}
+
+// writeError answers like the REST API: {code, message, details} with the
+// HTTP status of the gRPC code.
+func writeError(w http.ResponseWriter, st *status.Status) {
+	b, _ := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(st.Proto())
+	httpStatus := runtime.HTTPStatusFromCode(st.Code())
+	if httpStatus == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", bearerChallenge)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpStatus)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// rpcError turns a service error into the client's answer. Service errors
+// are already safe to show; transport failures are not (they name internal
+// addresses), so those are logged and replaced.
+func (h *Handler) rpcError(ctx context.Context, w http.ResponseWriter, what string, err error) {
+	st, ok := status.FromError(err)
+	switch {
+	case !ok, st.Code() == codes.Unavailable, st.Code() == codes.Unknown, st.Code() == codes.DeadlineExceeded:
+		h.log.WarnContext(ctx, "sse: "+what+" failed", "error", err)
+		st = status.New(codes.Unavailable, "the task service is unavailable; retry later")
+	}
+	writeError(w, st)
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
+	taskID := r.PathValue("id")
+	tok, ok := token(r)
+	switch {
+	case !ok:
+		writeError(w, status.New(codes.Unauthenticated, `malformed authorization header: want "Bearer <token>"`))
+		return
+	case tok == "":
+		writeError(w, status.New(codes.Unauthenticated, "missing bearer token (Authorization header or access_token parameter)"))
+		return
+	}
+	after, err := lastEventID(r)
+	if err != nil {
+		writeError(w, status.New(codes.InvalidArgument, err.Error()))
+		return
+	}
+	md := metadata.Pairs("authorization", bearerPrefix+tok)
+	if id := r.Header.Get(requestIDHeader); id != "" {
+		md.Set("x-request-id", id)
+	}
+	ctx := metadata.NewOutgoingContext(r.Context(), md)
+
+	got, err := h.tasks.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: taskID})
+	if err != nil {
+		h.rpcError(ctx, w, "GetTask", err)
+		return
+	}
+	tk := got.GetTask()
+	if !legacyMatches(r, tk) {
+		writeError(w, status.New(codes.NotFound, "task "+taskID+" not found in that repository and branch"))
+		return
+	}
+
+	c := &stream{h: h, w: w, rc: http.NewResponseController(w), ctx: ctx, taskID: taskID, last: after}
+	c.watcher = newWatcher(h.cfg.ClientQueue, func() { _ = c.rc.SetWriteDeadline(time.Now()) })
+	defer func() {
+		c.watcher.finish()
+		// net/http keeps a connection's deadline for its next request when
+		// the server has no WriteTimeout of its own.
+		_ = c.rc.SetWriteDeadline(time.Time{})
+	}()
+	jctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+	err = h.hub.join(jctx, taskID, c.watcher)
+	cancel()
+	if err != nil {
+		h.log.WarnContext(ctx, "sse: subscribe failed", "task_id", taskID, "error", err)
+		writeError(w, status.New(codes.Unavailable, "live events are unavailable; retry later"))
+		return
+	}
+	defer h.hub.leave(taskID, c.watcher)
+	h.subscribers.Add(1)
+	defer h.subscribers.Add(-1)
+
+	if err := c.run(acceptsEvents(tk.GetStatus())); err != nil && !errors.Is(err, context.Canceled) {
+		h.log.InfoContext(ctx, "sse: stream ended early", "task_id", taskID, "last_seq", c.last, "error", err)
+	}
+}
+
+// legacyMatches checks the legacy path's repository and branch against the
+// task; the plain path has none and always matches.
+func legacyMatches(r *http.Request, tk *taskrunnerv1.Task) bool {
+	branch := r.PathValue("branch")
+	if branch == "" {
+		return true
+	}
+	repo := r.PathValue("repo")
+	if repo == "" {
+		repo = r.PathValue("owner") + "/" + r.PathValue("name")
+	}
+	return strings.EqualFold(repo, tk.GetRepo()) && (branch == tk.GetBaseBranch() || branch == tk.GetHeadBranch())
+}
+
+// acceptsEvents reports whether a task in st may still produce events:
+// after completed the task awaits review and its stream is over.
+func acceptsEvents(st taskrunnerv1.TaskStatus) bool {
+	switch st {
+	case taskrunnerv1.TaskStatus_TASK_STATUS_PROPOSING, taskrunnerv1.TaskStatus_TASK_STATUS_QUEUED, taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING:
+		return true
+	}
+	return false
+}
+
+// errEnded: the hub dropped the stream (slow client or shutdown); the
+// client may reconnect.
+var errEnded = errors.New("sse: stream ended by the hub")
+
+// stream is one open SSE connection.
+type stream struct {
+	h       *Handler
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	ctx     context.Context // carries the caller's token to the services
+	taskID  string
+	last    int64 // highest seq written; only strictly greater ones follow
+	watcher *watcher
+	buf     []byte
+}
+
+// run writes the stream: headers, replay after c.last, then live events
+// until the terminal event. live says whether the task still took events
+// when the connection was authorised.
+func (c *stream) run(live bool) error {
+	hd := c.w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-cache")
+	hd.Set("X-Accel-Buffering", "no")
+	c.w.WriteHeader(http.StatusOK)
+	c.buf = append(c.buf[:0], "retry: "...)
+	c.buf = strconv.AppendInt(c.buf, c.h.cfg.Retry.Milliseconds(), 10)
+	c.buf = append(c.buf, "\n\n"...)
+	if err := c.send(c.buf); err != nil {
+		return err
+	}
+	if c.h.beforeReplay != nil {
+		c.h.beforeReplay(c.taskID)
+	}
+	if ended, err := c.replay(); ended || err != nil {
+		return err
+	}
+	if !live {
+		// Finished before we subscribed without a terminal event (reaper,
+		// cancelled before it ran): the replay was the whole story.
+		return nil
+	}
+
+	heartbeat := time.NewTicker(c.h.cfg.Heartbeat)
+	defer heartbeat.Stop()
+	check := time.NewTicker(c.h.cfg.StatusInterval)
+	defer check.Stop()
+	for {
+		select {
+		case f := <-c.watcher.queue:
+			if f.seq <= c.last {
+				continue // replayed already
+			}
+			if f.seq > c.last+1 {
+				// Something between is missing here (published while we
+				// replayed, or lost by a reconnect): the log has it all,
+				// since nothing is published before it is committed.
+				if ended, err := c.replay(); ended || err != nil {
+					return err
+				}
+				if f.seq <= c.last {
+					continue
+				}
+				c.h.log.WarnContext(c.ctx, "sse: events missing from the log", "task_id", c.taskID, "after", c.last, "seq", f.seq)
+			}
+			if err := c.send(f.data); err != nil {
+				return err
+			}
+			c.last = f.seq
+			if f.terminal {
+				return nil
+			}
+		case <-c.watcher.resync:
+			if ended, err := c.replay(); ended || err != nil {
+				return err
+			}
+		case <-c.watcher.gone:
+			return errors.Join(errEnded, errors.New(c.watcher.reason))
+		case <-heartbeat.C:
+			if err := c.send([]byte(heartbeatComment)); err != nil {
+				return err
+			}
+		case <-check.C:
+			if ended, err := c.checkStatus(); ended || err != nil {
+				return err
+			}
+		case <-c.ctx.Done():
+			return c.ctx.Err()
+		}
+	}
+}
+
+// checkStatus ends the stream of a task that stopped taking events without
+// a terminal one, after writing whatever the log still holds.
+func (c *stream) checkStatus() (bool, error) {
+	got, err := c.h.tasks.GetTask(c.ctx, &taskrunnerv1.GetTaskRequest{Id: c.taskID})
+	if err != nil {
+		switch status.Code(err) {
+		case codes.NotFound, codes.Unauthenticated, codes.PermissionDenied:
+			return true, err // the task or the token is gone
+		}
+		c.h.log.WarnContext(c.ctx, "sse: status check failed", "task_id", c.taskID, "error", err)
+		return false, nil
+	}
+	if acceptsEvents(got.GetTask().GetStatus()) {
+		return false, nil
+	}
+	if _, err := c.replay(); err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
+// replay writes every stored event after c.last, page by page; ended is
+// true once the terminal event is written.
+func (c *stream) replay() (ended bool, err error) {
+	for {
+		resp, err := c.h.events.ListEvents(c.ctx, &taskrunnerv1.ListEventsRequest{
+			TaskId: c.taskID, AfterSeq: c.last, PageSize: int32(c.h.cfg.ReplayPageSize),
+		})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range resp.GetEvents() {
+			if e.GetSeq() <= c.last {
+				continue
+			}
+			if c.buf, err = encodeFrame(c.buf[:0], e); err != nil {
+				return false, err
+			}
+			if err := c.send(c.buf); err != nil {
+				return false, err
+			}
+			c.last = e.GetSeq()
+			if events.IsTerminal(e) {
+				return true, nil
+			}
+		}
+		if resp.GetNextPageToken() == "" || len(resp.GetEvents()) == 0 {
+			return false, nil
+		}
+	}
+}
+
+// send writes b and flushes it within the write timeout. A watcher the hub
+// has dropped writes nothing more (its cut may already have passed, so the
+// deadline set here must not let the write block for long).
+func (c *stream) send(b []byte) error {
+	_ = c.rc.SetWriteDeadline(time.Now().Add(c.h.cfg.WriteTimeout))
+	select {
+	case <-c.watcher.gone:
+		return errors.Join(errEnded, errors.New(c.watcher.reason))
+	default:
+	}
+	if _, err := c.w.Write(b); err != nil {
+		return err
+	}
+	return c.rc.Flush()
+}

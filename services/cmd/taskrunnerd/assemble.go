@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/auth"
+	"github.com/taskrunner/taskrunner/services/config"
+	"github.com/taskrunner/taskrunner/services/dispatch"
+	"github.com/taskrunner/taskrunner/services/events"
+	"github.com/taskrunner/taskrunner/services/githubtoken"
+	"github.com/taskrunner/taskrunner/services/pki"
+	"github.com/taskrunner/taskrunner/services/rpcserver"
+	"github.com/taskrunner/taskrunner/services/sandbox"
+	"github.com/taskrunner/taskrunner/services/sandbox/process"
+	"github.com/taskrunner/taskrunner/services/task"
+)
+
+// app is everything serve runs.
+type app struct {
+	names        []string
+	public       *grpc.Server
+	runner       *grpc.Server // nil without TLS material
+	health       *rpcserver.Health
+	runnerHealth *rpcserver.Health
+	events       *events.Server
+	background   []func(context.Context)
+	closers      []func()
+}
+
+func (a *app) close() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		a.closers[i]()
+	}
+}
+
+// assemble builds the configured services. The same service objects are
+// registered on the public port (bearer tokens) and on the runner port
+// (mTLS, client certificates of the runner CA required by the RPCs that
+// runners call).
+func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *redis.Client, logger *slog.Logger) (*app, error) {
+	names, _ := cfg.ServiceList()
+	has := func(n string) bool { return slices.Contains(names, n) }
+	a := &app{names: names}
+	tasks := task.NewStore(pool)
+	anonymous := map[string]bool{
+		taskrunnerv1.EventsService_Connect_FullMethodName:             true,
+		taskrunnerv1.GitHubTokenService_IssueRepoToken_FullMethodName: true,
+	}
+	var regs []func(*grpc.Server)
+	var healthNames []string
+	register := func(desc grpc.ServiceDesc, f func(*grpc.Server)) {
+		regs = append(regs, f)
+		healthNames = append(healthNames, desc.ServiceName)
+	}
+
+	var reloader *pki.Reloader
+	if cfg.TLSConfigured() {
+		r, err := pki.NewReloader(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.RunnerCAFile, logger)
+		if err != nil {
+			return nil, fmt.Errorf("TASKRUNNER_TLS_CERT_FILE / TASKRUNNER_TLS_KEY_FILE / TASKRUNNER_RUNNER_CA_FILE: %w", err)
+		}
+		reloader = r
+	} else if has(config.ServiceEvents) || has(config.ServiceGitHubToken) {
+		logger.Warn("no TLS material (TASKRUNNER_TLS_CERT_FILE, TASKRUNNER_TLS_KEY_FILE, TASKRUNNER_RUNNER_CA_FILE): runners cannot connect; run `taskctl pki init`")
+	}
+
+	var taskSrv *task.Server
+	if has(config.ServiceTask) {
+		taskSrv = task.New(tasks, nil, logger)
+		register(taskrunnerv1.TaskService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterTaskServiceServer(s, taskSrv) })
+	}
+	if has(config.ServiceEvents) {
+		ev, err := events.New(events.Config{TrustDomain: cfg.TrustDomain, RedisPrefix: cfg.RedisPrefix}, pool, rdb, logger)
+		if err != nil {
+			return nil, err
+		}
+		a.events = ev
+		register(taskrunnerv1.EventsService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterEventsServiceServer(s, ev) })
+	}
+	if has(config.ServiceGitHubToken) {
+		var gh githubtoken.Config
+		if err := env.Parse(&gh); err != nil {
+			return nil, fmt.Errorf("configuration: %w", err)
+		}
+		gh.TrustDomain = cfg.TrustDomain
+		if err := gh.Validate(); err != nil {
+			return nil, err
+		}
+		srv, err := githubtoken.New(gh, githubtoken.Deps{Tasks: tasks, Redis: rdb, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		a.closers = append(a.closers, srv.Close)
+		register(taskrunnerv1.GitHubTokenService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterGitHubTokenServiceServer(s, srv) })
+	}
+	if has(config.ServiceDispatch) {
+		d, err := newDispatch(cfg, pool, rdb, logger)
+		if err != nil {
+			return nil, err
+		}
+		register(taskrunnerv1.DispatchService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterDispatchServiceServer(s, d) })
+		a.background = append(a.background, func(ctx context.Context) { d.Listen(ctx, d.ReaperInterval()) }, d.RunReaper)
+		if taskSrv != nil {
+			taskSrv.SetDispatcher(d)
+		}
+	} else if taskSrv != nil && cfg.DispatchAddr != "" {
+		conn, err := grpc.NewClient(cfg.DispatchAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithPerRPCCredentials(bearer(cfg.InternalToken)))
+		if err != nil {
+			return nil, fmt.Errorf("TASKRUNNER_DISPATCH_ADDR: %w", err)
+		}
+		a.closers = append(a.closers, func() { _ = conn.Close() })
+		taskSrv.SetDispatcher(&remoteDispatcher{c: taskrunnerv1.NewDispatchServiceClient(conn)})
+	}
+
+	opts := rpcserver.Options{Logger: logger, Auth: auth.NewStore(pool), Anonymous: anonymous}
+	a.public = rpcserver.New(opts)
+	for _, r := range regs {
+		r(a.public)
+	}
+	a.health = rpcserver.NewHealth(a.public, healthNames)
+	if reloader != nil && cfg.RunnerGRPCAddr != "" {
+		ropts := opts
+		ropts.ServerOptions = []grpc.ServerOption{grpc.Creds(credentials.NewTLS(pki.ServerTLSConfig(reloader)))}
+		a.runner = rpcserver.New(ropts)
+		for _, r := range regs {
+			r(a.runner)
+		}
+		a.runnerHealth = rpcserver.NewHealth(a.runner, healthNames)
+		a.background = append(a.background, func(ctx context.Context) {
+			a.runnerHealth.Watch(ctx, logger, 2*time.Second, func(ctx context.Context) error { return ping(ctx, pool, rdb) })
+		})
+	}
+	return a, nil
+}
+
+func newDispatch(cfg config.Daemon, pool *pgxpool.Pool, rdb *redis.Client, logger *slog.Logger) (*dispatch.Server, error) {
+	var dc dispatch.Config
+	if err := env.Parse(&dc); err != nil {
+		return nil, fmt.Errorf("configuration: %w", err)
+	}
+	if cfg.RunnerCAFile == "" || cfg.RunnerCAKeyFile == "" {
+		return nil, fmt.Errorf("TASKRUNNER_RUNNER_CA_FILE and TASKRUNNER_RUNNER_CA_KEY_FILE: the dispatch service mints task certificates and needs the runner CA (create one with `taskctl pki init`)")
+	}
+	ca, err := pki.LoadCAFiles(cfg.RunnerCAFile, cfg.RunnerCAKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("TASKRUNNER_RUNNER_CA_FILE / TASKRUNNER_RUNNER_CA_KEY_FILE: %w", err)
+	}
+	if ca.TrustDomain() != cfg.TrustDomain {
+		return nil, fmt.Errorf("TASKRUNNER_TRUST_DOMAIN: %q, but the runner CA is for %q", cfg.TrustDomain, ca.TrustDomain())
+	}
+	prov, err := newProvider(cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	return dispatch.New(dc, dispatch.Deps{Pool: pool, Provider: prov, CA: ca, Logger: logger,
+		Canceller: cancelPublisher{rdb: rdb, prefix: cfg.RedisPrefix}})
+}
+
+func newProvider(cfg config.Daemon, logger *slog.Logger) (sandbox.Provider, error) {
+	switch cfg.SandboxProvider {
+	case "process":
+		bin := cfg.ProcessRunnerBin
+		if filepath.Base(bin) == bin {
+			if p, err := exec.LookPath(bin); err == nil {
+				bin = p
+			}
+		}
+		return process.New(process.Config{RunnerBin: bin, WorkRoot: cfg.ProcessWorkRoot, Bwrap: cfg.ProcessBwrap}, logger)
+	}
+	return newRemoteProvider(cfg, logger)
+}
+
+// cancelPublisher pushes Cancel through Redis to whichever Events replica
+// holds the runner's stream (this process or another).
+type cancelPublisher struct {
+	rdb    *redis.Client
+	prefix string
+}
+
+func (c cancelPublisher) Cancel(ctx context.Context, taskID, reason string) error {
+	return c.rdb.Publish(ctx, events.CancelChannel(c.prefix, taskID), reason).Err()
+}
+
+// remoteDispatcher reaches DispatchService in another process.
+type remoteDispatcher struct {
+	c taskrunnerv1.DispatchServiceClient
+}
+
+func (r *remoteDispatcher) DispatchTask(ctx context.Context, id string) (task.Task, error) {
+	resp, err := r.c.Dispatch(ctx, &taskrunnerv1.DispatchRequest{TaskId: id})
+	if err != nil {
+		return task.Task{}, err
+	}
+	return task.FromProto(resp.GetTask()), nil
+}
+
+func (r *remoteDispatcher) CancelTask(ctx context.Context, id, reason string) (task.Task, error) {
+	resp, err := r.c.Cancel(ctx, &taskrunnerv1.CancelRequest{TaskId: id, Reason: reason})
+	if err != nil {
+		return task.Task{}, err
+	}
+	return task.FromProto(resp.GetTask()), nil
+}
+
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+func (bearer) RequireTransportSecurity() bool { return false }

@@ -1,0 +1,8 @@
+// Package docker runs each task's sandbox as one container on a Docker
+// Engine (a private VPS), through the Engine API client
+// github.com/moby/moby/client. Containers are named after the task and
+// carry the taskrunner labels, so Create is idempotent and a restarted
+// control plane finds its containers by label. It must not hold state of
+// its own (the engine's container list is the truth) and must never put a
+// GitHub token into a container's environment: it passes Spec.Env verbatim.
+package docker
