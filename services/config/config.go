@@ -32,6 +32,8 @@ type Daemon struct {
 	LogLevel        string        `env:"TASKRUNNER_LOG_LEVEL" envDefault:"info"`
 	LogFormat       string        `env:"TASKRUNNER_LOG_FORMAT" envDefault:"json"`
 	ShutdownTimeout time.Duration `env:"TASKRUNNER_SHUTDOWN_TIMEOUT" envDefault:"20s"`
+	// MetricsAddr serves Prometheus metrics at /metrics; empty disables it.
+	MetricsAddr string `env:"TASKRUNNER_METRICS_ADDR" envDefault:"127.0.0.1:9464"`
 
 	// RunnerGRPCAddr serves the runner-facing RPCs (EventsService.Connect,
 	// GitHubTokenService.IssueRepoToken) over mTLS; empty disables it.

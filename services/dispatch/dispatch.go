@@ -13,6 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
@@ -22,6 +27,7 @@ import (
 	"github.com/taskrunner/taskrunner/services/sandbox"
 	"github.com/taskrunner/taskrunner/services/store"
 	"github.com/taskrunner/taskrunner/services/task"
+	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 // Canceller pushes Cancel to the runner's stream (EventsService.Cancel).
@@ -42,6 +48,8 @@ type Deps struct {
 	Traceparent func(ctx context.Context) string
 }
 
+var tracer = otel.Tracer("github.com/taskrunner/taskrunner/services/dispatch")
+
 // Server implements DispatchService and task.Dispatcher.
 type Server struct {
 	taskrunnerv1.UnimplementedDispatchServiceServer
@@ -49,6 +57,35 @@ type Server struct {
 	d     Deps
 	tasks *task.Store
 	log   *slog.Logger
+	m     metrics
+}
+
+type metrics struct {
+	latency metric.Float64Histogram
+	reaper  metric.Int64Counter
+}
+
+func newMetrics(pool *pgxpool.Pool) (metrics, error) {
+	meter := otel.Meter("github.com/taskrunner/taskrunner/services/dispatch")
+	lat, err := meter.Float64Histogram("taskrunner.dispatch.latency", metric.WithUnit("s"),
+		metric.WithDescription("Time to admit a task and create its sandbox"))
+	if err != nil {
+		return metrics{}, err
+	}
+	reaper, err := meter.Int64Counter("taskrunner.reaper.actions", metric.WithDescription("Reaper actions by kind (timeout, runner_lost, orphan)"))
+	if err != nil {
+		return metrics{}, err
+	}
+	_, err = meter.Int64ObservableGauge("taskrunner.queue.depth", metric.WithDescription("Tasks waiting in the dispatch queue"),
+		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
+			var n int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE status = 'queued'`).Scan(&n); err != nil {
+				return err
+			}
+			o.Observe(n)
+			return nil
+		}))
+	return metrics{latency: lat, reaper: reaper}, err
 }
 
 var (
@@ -76,7 +113,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if cfg.RunnerTokenAddr == "" {
 		cfg.RunnerTokenAddr = cfg.RunnerEventsAddr
 	}
-	return &Server{cfg: cfg, d: d, tasks: task.NewStore(d.Pool), log: d.Logger}, nil
+	m, err := newMetrics(d.Pool)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, d: d, tasks: task.NewStore(d.Pool), log: d.Logger, m: m}, nil
 }
 
 // ReaperInterval is how often the reaper and the queue's safety-net drain run.
@@ -106,9 +147,20 @@ type admitted struct {
 // DispatchTask implements task.Dispatcher: it admits the task and starts its
 // sandbox, or queues it. Repeated and concurrent calls never start a second
 // sandbox: the first caller moves the task out of proposing under a row lock.
-func (s *Server) DispatchTask(ctx context.Context, taskID string) (task.Task, error) {
+func (s *Server) DispatchTask(ctx context.Context, taskID string) (tk task.Task, err error) {
+	began := time.Now()
+	ctx, span := s.taskSpan(ctx, taskID, "dispatch")
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.SetAttributes(attribute.String("taskrunner.status", string(tk.Status)))
+		span.End()
+		s.m.latency.Record(ctx, time.Since(began).Seconds(), metric.WithAttributes(attribute.Bool("ok", err == nil)))
+	}()
 	var start *admitted
-	err := store.WithTx(ctx, s.d.Pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+	err = store.WithTx(ctx, s.d.Pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
 		start = nil
 		if _, err := tx.Exec(ctx, admissionLock); err != nil {
 			return err
@@ -167,6 +219,27 @@ func (s *Server) DispatchTask(ctx context.Context, taskID string) (task.Task, er
 	return s.tasks.Get(ctx, taskID, "")
 }
 
+// taskSpan starts a span in the task's own trace (its task.create span is
+// the parent, even when this call arrives in another request), linked to
+// the caller's span.
+func (s *Server) taskSpan(ctx context.Context, taskID, name string) (context.Context, trace.Span) {
+	var tp string
+	_ = s.d.Pool.QueryRow(ctx, `SELECT traceparent FROM tasks WHERE id = $1`, taskID).Scan(&tp)
+	caller := trace.SpanContextFromContext(ctx)
+	parent := telemetry.ContextFromTraceparent(context.WithoutCancel(ctx), tp)
+	if tp == "" {
+		parent = ctx
+	}
+	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("taskrunner.task_id", taskID),
+		attribute.String("taskrunner.provider", s.d.Provider.Name()))}
+	if caller.IsValid() && tp != "" {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: caller}))
+	}
+	_, span := tracer.Start(parent, name, opts...)
+	// Keep the caller's cancellation and deadline, with the task's span.
+	return trace.ContextWithSpan(ctx, span), span
+}
+
 // admitTx records the sandbox and moves the task to running.
 func (s *Server) admitTx(ctx context.Context, tx pgx.Tx, taskID string) (*admitted, error) {
 	if _, err := tx.Exec(ctx, insertSandbox, taskID, s.d.Provider.Name()); err != nil {
@@ -186,16 +259,22 @@ func (s *Server) admitTx(ctx context.Context, tx pgx.Tx, taskID string) (*admitt
 // the task (the sandbox row records it), so nothing waits for a runner that
 // never started.
 func (s *Server) start(ctx context.Context, a admitted) {
+	ctx, span := tracer.Start(ctx, "sandbox.create", trace.WithAttributes(attribute.String("taskrunner.task_id", a.id),
+		attribute.String("taskrunner.provider", s.d.Provider.Name())))
+	defer span.End()
 	t, err := s.tasks.Get(ctx, a.id, "")
 	if err == nil {
 		var sb sandbox.Sandbox
 		sb, err = s.create(ctx, t, a.deadline)
 		if err == nil {
+			span.SetAttributes(attribute.String("taskrunner.sandbox_id", sb.ID), attribute.String("taskrunner.repo", t.Repo))
 			_, err = s.d.Pool.Exec(ctx, `UPDATE sandboxes SET external_id = $2, state = $3 WHERE task_id = $1`, a.id, sb.ID, string(sb.State))
 			s.log.InfoContext(ctx, "sandbox created", "task_id", a.id, "provider", s.d.Provider.Name(), "sandbox_id", sb.ID)
 			return
 		}
 	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
 	s.log.ErrorContext(ctx, "sandbox create failed", "task_id", a.id, "provider", s.d.Provider.Name(), "error", err)
 	_, _ = s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'failed', destroyed_at = now() WHERE task_id = $1`, a.id)
 	if _, _, aerr := s.tasks.Advance(context.WithoutCancel(ctx), a.id, "", task.Advance{RequestID: "dispatch:start-failed",
@@ -317,8 +396,11 @@ func (s *Server) drainQueue(ctx context.Context) {
 		if start == nil {
 			return
 		}
-		s.log.InfoContext(ctx, "queued task admitted", "task_id", start.id)
-		s.start(ctx, *start)
+		qctx, span := s.taskSpan(ctx, start.id, "dispatch")
+		span.SetAttributes(attribute.Bool("taskrunner.from_queue", true))
+		s.log.InfoContext(qctx, "queued task admitted", "task_id", start.id)
+		s.start(qctx, *start)
+		span.End()
 	}
 }
 

@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/taskrunner/taskrunner/services/errs"
 	"github.com/taskrunner/taskrunner/services/sandbox"
@@ -28,8 +31,7 @@ const reaperLock = 72610002
 //   - sandboxes carrying our labels whose task is missing or finished, older
 //     than the orphan grace → destroyed (this also cleans up after a
 //     Dispatch that was killed).
-func (s *Server) Reap(ctx context.Context) (ReapResult, error) {
-	var res ReapResult
+func (s *Server) Reap(ctx context.Context) (res ReapResult, err error) {
 	conn, err := s.d.Pool.Acquire(ctx)
 	if err != nil {
 		return res, err
@@ -40,6 +42,16 @@ func (s *Server) Reap(ctx context.Context) (ReapResult, error) {
 		return res, err
 	}
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, reaperLock) }()
+	ctx, span := tracer.Start(ctx, "reaper")
+	defer func() {
+		span.SetAttributes(attribute.Int("taskrunner.reaper.timed_out", res.TimedOut), attribute.Int("taskrunner.reaper.runner_lost", res.Lost),
+			attribute.Int("taskrunner.reaper.orphans", res.Orphans))
+		span.End()
+	}()
+	count := func(action, taskID string) {
+		s.m.reaper.Add(ctx, 1, metric.WithAttributes(attribute.String("action", action)))
+		span.AddEvent(action, trace.WithAttributes(attribute.String("taskrunner.task_id", taskID)))
+	}
 
 	timedOut, err := s.ids(ctx, `SELECT id::text FROM tasks WHERE status = 'running' AND deadline_at < now() - $1 * interval '1 second'`, s.cfg.CancelGrace.Seconds())
 	if err != nil {
@@ -49,6 +61,7 @@ func (s *Server) Reap(ctx context.Context) (ReapResult, error) {
 		s.destroy(ctx, id, "timeout")
 		if s.fail(ctx, id, "timeout", "reaper:timeout") {
 			res.TimedOut++
+			count("timeout", id)
 		}
 	}
 	lost, err := s.ids(ctx, `SELECT id::text FROM tasks WHERE status = 'running'
@@ -59,6 +72,7 @@ AND coalesce(heartbeat_at, started_at, updated_at) < now() - $1 * interval '1 se
 	for _, id := range lost {
 		if s.fail(ctx, id, "runner_lost: no heartbeat for "+(3*s.cfg.HeartbeatInterval).String(), "reaper:lost") {
 			res.Lost++
+			count("runner_lost", id)
 		}
 		s.destroy(ctx, id, "runner_lost")
 	}
@@ -90,6 +104,7 @@ AND coalesce(heartbeat_at, started_at, updated_at) < now() - $1 * interval '1 se
 		}
 		s.log.InfoContext(ctx, "reaper: orphan sandbox destroyed", "sandbox_id", sb.ID, "task_id", sb.TaskID())
 		res.Orphans++
+		count("orphan", sb.TaskID())
 	}
 	if res != (ReapResult{}) {
 		s.log.InfoContext(ctx, "reaper cycle", "timed_out", res.TimedOut, "runner_lost", res.Lost, "orphans", res.Orphans)

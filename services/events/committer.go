@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/errs"
@@ -86,10 +88,14 @@ type committer struct {
 	log     *slog.Logger
 	in      chan *submission
 	publish chan []published
+	// ingested counts events stored (redeliveries excluded).
+	ingested metric.Int64Counter
 }
 
 func newCommitter(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) *committer {
-	return &committer{cfg: cfg, pool: pool, rdb: rdb, log: log,
+	ingested, _ := otel.Meter("github.com/taskrunner/taskrunner/services/events").Int64Counter("taskrunner.events.ingested",
+		metric.WithDescription("Runner events stored in PostgreSQL"))
+	return &committer{cfg: cfg, pool: pool, rdb: rdb, log: log, ingested: ingested,
 		in: make(chan *submission, cfg.QueueSize), publish: make(chan []published, 256)}
 }
 
@@ -211,6 +217,7 @@ func (c *committer) commit(batch []*submission) {
 		}
 	}
 	if len(pubs) > 0 {
+		c.ingested.Add(ctx, int64(len(pubs)))
 		c.publish <- pubs
 	}
 }

@@ -12,12 +12,14 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	"github.com/taskrunner/taskrunner/services/auth"
@@ -110,6 +112,11 @@ func New(opts Options) *grpc.Server {
 			streamErrors(lg),
 		),
 	}
+	// otelgrpc as a stats handler: server spans with W3C context from the
+	// caller; health and reflection stay out of traces.
+	so = append(so, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool {
+		return !isHealth(info.FullMethodName)
+	}))))
 	so = append(so, opts.ServerOptions...)
 	s := grpc.NewServer(so...)
 	reflection.Register(s)

@@ -89,6 +89,7 @@ type Task struct {
 	DeadlineAt, HeartbeatAt                         *time.Time
 	LastSeq                                         int64
 	TraceID                                         string
+	Traceparent                                     string
 	RetryOf                                         string
 	IdempotencyKey                                  string
 	CreatedAt, UpdatedAt                            time.Time

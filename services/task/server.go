@@ -5,6 +5,9 @@ import (
 	"log/slog"
 	"strings"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -13,7 +16,10 @@ import (
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/errs"
+	"github.com/taskrunner/taskrunner/services/telemetry"
 )
+
+var tracer = otel.Tracer("github.com/taskrunner/taskrunner/services/task")
 
 // Dispatcher starts and stops sandboxes; DispatchService implements it, in
 // process or over gRPC. Nil until a dispatch service is configured.
@@ -69,10 +75,15 @@ func (s *Server) CreateTask(ctx context.Context, req *taskrunnerv1.CreateTaskReq
 	if req.GetDispatch() && s.dispatcher == nil {
 		return nil, status.Error(codes.FailedPrecondition, "dispatch: no DispatchService is configured")
 	}
-	t, created, err := s.store.Create(ctx, n, "")
+	ctx, span := tracer.Start(ctx, "task.create", trace.WithAttributes(attribute.String("taskrunner.repo", n.Repo),
+		attribute.String("taskrunner.agent", string(n.Agent))))
+	defer span.End()
+	t, created, err := s.store.Create(ctx, n, telemetry.Traceparent(ctx))
 	if err != nil {
+		span.RecordError(err)
 		return nil, err
 	}
+	span.SetAttributes(attribute.String("taskrunner.task_id", t.ID))
 	if created {
 		s.log.InfoContext(ctx, "task created", "task_id", t.ID, "owner", t.Owner, "repo", t.Repo)
 	}
@@ -220,10 +231,14 @@ func (s *Server) RetryTask(ctx context.Context, req *taskrunnerv1.RetryTaskReque
 	if err := n.Validate(); err != nil {
 		return nil, err
 	}
-	t, _, err := s.store.Create(ctx, n, "")
+	ctx, span := tracer.Start(ctx, "task.create", trace.WithAttributes(attribute.String("taskrunner.repo", n.Repo),
+		attribute.String("taskrunner.retry_of", old.ID)))
+	defer span.End()
+	t, _, err := s.store.Create(ctx, n, telemetry.Traceparent(ctx))
 	if err != nil {
 		return nil, err
 	}
+	span.SetAttributes(attribute.String("taskrunner.task_id", t.ID))
 	return &taskrunnerv1.RetryTaskResponse{Task: ToProto(t)}, nil
 }
 

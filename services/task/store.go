@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -25,7 +26,7 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
 const taskColumns = `id, owner, repo, base_branch, head_branch, prompt, agent, status, stage,
 	additions, deletions, files_changed, pr_url, pr_number, failed_reason, cost_usd, tokens_in, tokens_out,
-	deadline_at, last_seq, heartbeat_at, trace_id, coalesce(retry_of::text, ''), coalesce(idempotency_key, ''),
+	deadline_at, last_seq, heartbeat_at, trace_id, traceparent, coalesce(retry_of::text, ''), coalesce(idempotency_key, ''),
 	created_at, updated_at`
 
 func scanTask(row pgx.Row) (Task, error) {
@@ -33,12 +34,12 @@ func scanTask(row pgx.Row) (Task, error) {
 	err := row.Scan(&t.ID, &t.Owner, &t.Repo, &t.BaseBranch, &t.HeadBranch, &t.Prompt, &t.Agent, &t.Status, &t.Stage,
 		&t.Diff.Additions, &t.Diff.Deletions, &t.Diff.FilesChanged, &t.PRURL, &t.PRNumber, &t.FailedReason,
 		&t.Usage.CostUSD, &t.Usage.TokensIn, &t.Usage.TokensOut,
-		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.RetryOf, &t.IdempotencyKey, &t.CreatedAt, &t.UpdatedAt)
+		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.CreatedAt, &t.UpdatedAt)
 	return t, err
 }
 
-const insertTask = `INSERT INTO tasks (id, owner, repo, base_branch, head_branch, prompt, agent, status, retry_of, idempotency_key, trace_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, 'proposing', $8, $9, $10)
+const insertTask = `INSERT INTO tasks (id, owner, repo, base_branch, head_branch, prompt, agent, status, retry_of, idempotency_key, trace_id, traceparent)
+VALUES ($1, $2, $3, $4, $5, $6, $7, 'proposing', $8, $9, $10, $11)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING ` + taskColumns
 
@@ -47,7 +48,7 @@ const selectByKey = `SELECT ` + taskColumns + ` FROM tasks WHERE owner = $1 AND 
 // Create inserts a task, or returns the task created earlier with the same
 // idempotency key (created = false). A reused key with different parameters
 // is a conflict.
-func (s *Store) Create(ctx context.Context, n NewTask, traceID string) (t Task, created bool, err error) {
+func (s *Store) Create(ctx context.Context, n NewTask, traceparent string) (t Task, created bool, err error) {
 	id := uuid.NewString()
 	var key, retryOf *string
 	if n.IdempotencyKey != "" {
@@ -56,7 +57,8 @@ func (s *Store) Create(ctx context.Context, n NewTask, traceID string) (t Task, 
 	if n.RetryOf != "" {
 		retryOf = &n.RetryOf
 	}
-	t, err = scanTask(s.pool.QueryRow(ctx, insertTask, id, n.Owner, n.Repo, n.BaseBranch, HeadBranch(id), n.Prompt, n.Agent, retryOf, key, traceID))
+	t, err = scanTask(s.pool.QueryRow(ctx, insertTask, id, n.Owner, n.Repo, n.BaseBranch, HeadBranch(id), n.Prompt, n.Agent, retryOf, key,
+		traceIDOf(traceparent), traceparent))
 	if err == nil {
 		return t, true, nil
 	}
@@ -216,4 +218,14 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, id, owner string, a Advance) (Tas
 		return Task{}, false, err
 	}
 	return out, true, nil
+}
+
+// traceIDOf extracts the trace id from a W3C traceparent
+// ("00-<trace id>-<span id>-<flags>").
+func traceIDOf(tp string) string {
+	parts := strings.Split(tp, "-")
+	if len(parts) != 4 || len(parts[1]) != 32 {
+		return ""
+	}
+	return parts[1]
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/caarlos0/env/v11"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -27,6 +28,7 @@ import (
 	"github.com/taskrunner/taskrunner/services/sandbox"
 	"github.com/taskrunner/taskrunner/services/sandbox/process"
 	"github.com/taskrunner/taskrunner/services/task"
+	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 // app is everything serve runs.
@@ -119,6 +121,7 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 		}
 	} else if taskSrv != nil && cfg.DispatchAddr != "" {
 		conn, err := grpc.NewClient(cfg.DispatchAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
 			grpc.WithPerRPCCredentials(bearer(cfg.InternalToken)))
 		if err != nil {
 			return nil, fmt.Errorf("TASKRUNNER_DISPATCH_ADDR: %w", err)
@@ -168,7 +171,7 @@ func newDispatch(cfg config.Daemon, pool *pgxpool.Pool, rdb *redis.Client, logge
 		return nil, err
 	}
 	return dispatch.New(dc, dispatch.Deps{Pool: pool, Provider: prov, CA: ca, Logger: logger,
-		Canceller: cancelPublisher{rdb: rdb, prefix: cfg.RedisPrefix}})
+		Canceller: cancelPublisher{rdb: rdb, prefix: cfg.RedisPrefix}, Traceparent: telemetry.Traceparent})
 }
 
 func newProvider(cfg config.Daemon, logger *slog.Logger) (sandbox.Provider, error) {

@@ -8,18 +8,25 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
 	"github.com/taskrunner/taskrunner/services/config"
 	"github.com/taskrunner/taskrunner/services/store"
+	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 const usage = `usage: taskrunnerd [serve] [--services=task,dispatch,githubtoken,events|all]
@@ -60,11 +67,20 @@ func run(args []string, stderr io.Writer) error {
 	logger := newLogger(cfg, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	tel, err := telemetry.Setup(ctx, "taskrunnerd")
+	if err != nil {
+		return fmt.Errorf("telemetry (OTEL_* variables): %w", err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
 	switch cmd {
 	case "migrate":
 		return migrate(ctx, cfg, logger)
 	default:
-		return serve(ctx, cfg, logger)
+		return serve(ctx, cfg, logger, tel)
 	}
 }
 
@@ -72,9 +88,9 @@ func newLogger(cfg config.Daemon, w io.Writer) *slog.Logger {
 	level, _ := config.ParseLevel(cfg.LogLevel)
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
+		return slog.New(telemetry.Handler(slog.NewTextHandler(w, opts)))
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	return slog.New(telemetry.Handler(slog.NewJSONHandler(w, opts)))
 }
 
 func migrate(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error {
@@ -95,8 +111,13 @@ func migrate(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error 
 // NOT_SERVING first so load balancers stop sending, runner streams are told
 // to reconnect elsewhere, then GracefulStop lets in-flight calls finish
 // (bounded by the shutdown timeout).
-func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error {
-	pool, err := store.Open(ctx, cfg.DatabaseURL)
+func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger, tel *telemetry.Telemetry) error {
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("TASKRUNNER_DATABASE_URL: %w", err)
+	}
+	pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(telemetry.ChildOnly(tel.Tracer)), otelpgx.WithTrimSQLInSpanName())
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}
@@ -107,6 +128,12 @@ func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error {
 	}
 	rdb := redis.NewClient(ropts)
 	defer rdb.Close()
+	if err := redisotel.InstrumentTracing(rdb, redisotel.WithTracerProvider(telemetry.ChildOnly(tel.Tracer))); err != nil {
+		return err
+	}
+	if err := taskMetrics(pool); err != nil {
+		return err
+	}
 
 	a, err := assemble(ctx, cfg, pool, rdb, logger)
 	if err != nil {
@@ -128,6 +155,21 @@ func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
+	if cfg.MetricsAddr != "" {
+		mlis, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("TASKRUNNER_METRICS_ADDR: %w", err)
+		}
+		msrv := &http.Server{Handler: metricsMux(tel), ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := msrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error { <-gctx.Done(); return msrv.Close() })
+		logger.Info("metrics listening", "addr", mlis.Addr().String(), "path", "/metrics")
+	}
 	serveOn := func(srv *grpc.Server, l net.Listener) func() error {
 		return func() error {
 			if err := srv.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -179,6 +221,35 @@ func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error {
 		return nil
 	})
 	return g.Wait()
+}
+
+func metricsMux(tel *telemetry.Telemetry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", tel.Metrics)
+	return mux
+}
+
+// taskMetrics publishes the number of tasks in each status, read at scrape time.
+func taskMetrics(pool *pgxpool.Pool) error {
+	_, err := otel.Meter("github.com/taskrunner/taskrunner/services/task").Int64ObservableGauge("taskrunner.tasks",
+		metric.WithDescription("Tasks by status"),
+		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
+			rows, err := pool.Query(ctx, `SELECT status, count(*) FROM tasks GROUP BY status`)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var st string
+				var n int64
+				if err := rows.Scan(&st, &n); err != nil {
+					return err
+				}
+				o.Observe(n, metric.WithAttributes(attribute.String("status", st)))
+			}
+			return rows.Err()
+		}))
+	return err
 }
 
 func ping(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) error {

@@ -93,7 +93,8 @@ func TestSIGTERMDrainsInFlightRequests(t *testing.T) {
 	cmd := exec.Command(bin, "--services=task")
 	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.Env = append(os.Environ(), "TASKRUNNER_DATABASE_URL="+db.URL, "TASKRUNNER_REDIS_URL="+rd.URL, "TASKRUNNER_GRPC_ADDR="+addr)
+	cmd.Env = append(os.Environ(), "TASKRUNNER_DATABASE_URL="+db.URL, "TASKRUNNER_REDIS_URL="+rd.URL, "TASKRUNNER_GRPC_ADDR="+addr,
+		"TASKRUNNER_METRICS_ADDR=127.0.0.1:0")
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
