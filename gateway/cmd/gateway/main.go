@@ -17,6 +17,10 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -26,6 +30,7 @@ import (
 	"github.com/taskrunner/taskrunner/gateway/sse"
 	"github.com/taskrunner/taskrunner/gateway/webhook"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 func main() {
@@ -47,18 +52,28 @@ func run() error {
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return fmt.Errorf("TASKRUNNER_LOG_LEVEL: %w", err)
 	}
-	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	logger := slog.New(telemetry.Handler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	tel, err := telemetry.Setup(ctx, "gateway")
+	if err != nil {
+		return fmt.Errorf("telemetry (OTEL_* variables): %w", err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
+	clientTel := grpc.WithStatsHandler(otelgrpc.NewClientHandler())
 
-	taskConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	taskConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), clientTel)
 	if err != nil {
 		return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
 	}
 	defer taskConn.Close()
 	eventsConn := taskConn
 	if cfg.EventsAddr != cfg.TaskAddr {
-		if eventsConn, err = grpc.NewClient(cfg.EventsAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		if eventsConn, err = grpc.NewClient(cfg.EventsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), clientTel); err != nil {
 			return fmt.Errorf("TASKRUNNER_EVENTS_ADDR: %w", err)
 		}
 		defer eventsConn.Close()
@@ -78,6 +93,13 @@ func run() error {
 		return err
 	}
 	defer stream.Close()
+	if _, err := otel.Meter("github.com/taskrunner/taskrunner/gateway/sse").Int64ObservableGauge("taskrunner.sse.subscribers",
+		metric.WithDescription("Open SSE streams"), metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(stream.Subscribers())
+			return nil
+		})); err != nil {
+		return err
+	}
 	h, err := rest.Handler(ctx, rest.Options{Task: taskConn, Events: eventsConn, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
 		Extra: stream.Routes()})
 	if err != nil {
@@ -85,6 +107,7 @@ func run() error {
 	}
 	root := http.NewServeMux()
 	root.Handle("/", h)
+	root.Handle("GET /metrics", tel.Metrics)
 	// The webhook has its own body limit (GitHub deliveries can exceed the
 	// API's), so it is mounted outside the REST middleware.
 	var whCfg webhook.Config
@@ -97,7 +120,7 @@ func run() error {
 		if cfg.InternalToken == "" {
 			return fmt.Errorf("TASKRUNNER_GATEWAY_INTERNAL_TOKEN: required with TASKRUNNER_GITHUB_WEBHOOK_SECRET (create one with `taskctl token create --owner gateway --scopes internal`)")
 		}
-		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), clientTel,
 			grpc.WithPerRPCCredentials(webhook.BearerToken(cfg.InternalToken)))
 		if err != nil {
 			return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
@@ -109,7 +132,16 @@ func run() error {
 		}
 		root.Handle("POST "+webhook.Path, wh)
 	}
-	srv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
+	// otelhttp: one server span per request, continuing the caller's W3C
+	// trace context; health, readiness and metrics stay out of traces.
+	traced := otelhttp.NewHandler(root, "gateway", otelhttp.WithFilter(func(r *http.Request) bool {
+		switch r.URL.Path {
+		case "/healthz", "/readyz", "/metrics":
+			return false
+		}
+		return true
+	}), otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method + " " + r.URL.Path }))
+	srv := &http.Server{Handler: traced, ReadHeaderTimeout: 10 * time.Second}
 	// SSE streams never go idle; end them so Shutdown need not wait them out.
 	srv.RegisterOnShutdown(stream.Close)
 	lis, err := net.Listen("tcp", cfg.HTTPAddr)

@@ -16,13 +16,25 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
+	"github.com/taskrunner/taskrunner/services/telemetry"
 	"github.com/taskrunner/taskrunner/tools/forge"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	tel, err := telemetry.Setup(ctx, "forge")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "forge: telemetry (OTEL_* variables):", err)
+		os.Exit(1)
+	}
+	err = run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = tel.Shutdown(sctx)
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "forge:", err)
 		os.Exit(1)
 	}
@@ -102,7 +114,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: f.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// Traced like GitHub's edge would be from the caller's side: the runner's
+	// github.pr.create and git spans continue here.
+	srv := &http.Server{Handler: otelhttp.NewHandler(f.Handler(), "forge",
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "forge " + r.Method + " " + r.URL.Path })),
+		ReadHeaderTimeout: 10 * time.Second}
 	url := "http://" + ln.Addr().String()
 	fmt.Fprintf(stdout, "forge listening on %s (REST at %s/ and %s/api/v3/, git at %s/{owner}/{repo}.git)\n", url, url, url, url)
 	fmt.Fprintf(stdout, "app id: %d\napp key: %s\n", *appID, *keyFile)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -25,6 +26,7 @@ import (
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/pki"
 	"github.com/taskrunner/taskrunner/services/store"
+	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 type globals struct {
@@ -36,7 +38,18 @@ type globals struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if tel, err := telemetry.Setup(ctx, "taskctl"); err == nil {
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = tel.Shutdown(sctx)
+		}()
+	}
 	if err := newRoot(os.Stdout).ExecuteContext(ctx); err != nil {
+		var oe *outcomeError
+		if errors.As(err, &oe) {
+			os.Exit(oe.code)
+		}
 		if st, ok := status.FromError(err); ok {
 			fmt.Fprintf(os.Stderr, "taskctl: %s: %s\n", st.Code(), st.Message())
 		} else {
@@ -112,7 +125,8 @@ func (g *globals) client(ctx context.Context) (taskrunnerv1.TaskServiceClient, c
 	if g.token == "" {
 		return nil, nil, nil, errors.New("no API token: pass --token or set TASKRUNNER_TOKEN (create one with `taskctl token create --owner NAME`)")
 	}
-	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -258,7 +272,7 @@ func taskCmd(g *globals) *cobra.Command {
 			return g.printTask(resp.GetTask())
 		},
 	}
-	cmd.AddCommand(create, get, list, cancel, retry, dispatchCmd)
+	cmd.AddCommand(create, get, list, cancel, retry, dispatchCmd, watchCmd(g))
 	return cmd
 }
 

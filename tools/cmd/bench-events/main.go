@@ -1,0 +1,143 @@
+// Command bench-events measures the runner event path of the new design
+// (mTLS gRPC stream, group commit, Redis, SSE) against the HMAC-signed
+// JSON callbacks it replaces, in one process against real PostgreSQL and
+// Redis, and prints both side by side. See tools/bench/README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/taskrunner/taskrunner/tools/bench"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-events:", err)
+		os.Exit(1)
+	}
+}
+
+func parseRTTs(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if f == "0" {
+			out = append(out, 0)
+			continue
+		}
+		d, err := time.ParseDuration(f)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("-rtt: bad duration %q", f)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func run() error {
+	runners := flag.Int("runners", 50, "concurrent runners, one task and one connection each")
+	perRunner := flag.Int("events", 2000, "events each runner sends in a throughput run")
+	sseClients := flag.Int("sse", 200, "SSE clients watching, spread evenly over the runners' tasks")
+	rtts := flag.String("rtt", "0,26ms,239ms", "comma-separated round-trip times the delay proxy adds (0 = direct)")
+	rate := flag.Float64("rate", bench.GoalRate, "total events/s of the paced latency run of the new design (0 skips it)")
+	pacedFor := flag.Duration("paced-duration", 10*time.Second, "how long the paced run sends")
+	capFor := flag.Duration("duration", 20*time.Second, "cap of each throughput run: nothing is sent after it and an unfinished run is measured over it")
+	drain := flag.Duration("drain", 10*time.Second, "how long SSE clients may take to catch up after a run")
+	designs := flag.String("designs", "new,baseline", "designs to run: new, baseline or both")
+	verbose := flag.Bool("v", false, "log warnings of the servers and clients to stderr")
+	flag.Parse()
+	rttList, err := parseRTTs(*rtts)
+	switch {
+	case err != nil:
+		return err
+	case *runners < 1 || *perRunner < 1 || *sseClients < 0:
+		return errors.New("-runners and -events must be positive, -sse not negative")
+	}
+	runNew, runBase := strings.Contains(*designs, "new"), strings.Contains(*designs, "baseline")
+
+	level := slog.LevelError
+	if *verbose {
+		level = slog.LevelWarn
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	began := time.Now()
+	env, err := bench.NewEnv(ctx, bench.EnvOptions{BaselineConns: *runners, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+
+	fmt.Printf("bench-events: GOMAXPROCS=%d NumCPU=%d %s; PostgreSQL synchronous_commit=%s fsync=%s; database %s (dropped at exit), Redis prefix %q\n",
+		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), env.SynchronousCommit, env.Fsync, env.DBName(), env.Prefix)
+	fmt.Printf("workload: %d runners × %d events (~200-byte log tails, stage changes explore→propose→apply→archive, diff stats every 10th), %d SSE clients; throughput runs capped at %s\n\n",
+		*runners, *perRunner, *sseClients, *capFor)
+
+	var scenarios []bench.Scenario
+	for _, rtt := range rttList {
+		base := bench.Scenario{RTT: rtt, Runners: *runners, Events: *perRunner, SSE: *sseClients, Cap: *capFor, Drain: *drain}
+		if runNew {
+			s := base
+			s.Design = bench.DesignNew
+			scenarios = append(scenarios, s)
+		}
+		if runBase {
+			s := base
+			s.Design = bench.DesignBaseline
+			scenarios = append(scenarios, s)
+		}
+	}
+	if runNew && *rate > 0 {
+		n := max(int(*rate*pacedFor.Seconds()/float64(*runners)), 1)
+		scenarios = append(scenarios, bench.Scenario{Design: bench.DesignNew, Runners: *runners, Events: n, SSE: *sseClients,
+			Rate: *rate, Cap: *pacedFor + 15*time.Second, Drain: *drain})
+	}
+
+	var results []bench.Result
+	for i, sc := range scenarios {
+		paced := "as fast as acknowledged"
+		if sc.Rate > 0 {
+			paced = fmt.Sprintf("paced at %.0f events/s", sc.Rate)
+		}
+		fmt.Fprintf(os.Stderr, "[%d/%d] %s, added rtt %s, %s …", i+1, len(scenarios), sc.Design, sc.RTT, paced)
+		t0 := time.Now()
+		r, err := env.Run(ctx, sc)
+		if err != nil {
+			fmt.Fprintln(os.Stderr)
+			return fmt.Errorf("%s at rtt %s: %w", sc.Design, sc.RTT, err)
+		}
+		fmt.Fprintf(os.Stderr, " %.0f acked ev/s, p99 %s (%.1fs)\n", r.EventsPerSec(), r.Latency.P99.Round(100*time.Microsecond), time.Since(t0).Seconds())
+		if r.SSEErr != "" && *verbose {
+			fmt.Fprintln(os.Stderr, "  first SSE reconnect cause:", r.SSEErr)
+		}
+		results = append(results, r)
+	}
+
+	fmt.Println()
+	bench.WriteTable(os.Stdout, results)
+	fmt.Println()
+	bench.WriteRatios(os.Stdout, results)
+	fmt.Println()
+	bench.WriteGoals(os.Stdout, results)
+	fmt.Println()
+	fmt.Println("acked ev/s: events the server acknowledged (new: Ack after group commit; baseline: 2xx after insert+publish) over the window, first send to last ack, or to the cap when marked (cap).")
+	fmt.Println("latency: runner send → SSE client receive, every client's copy. Unpaced new-design runs send everything at once, so their latency is mostly queueing; the paced run is the latency figure.")
+	fmt.Println("cpu: this whole process (servers, runners, proxy, SSE clients) user+sys; pg+redis: local postgres and redis-server processes (approximate). peak rss: VmHWM of this process, reset per run.")
+	fmt.Printf("total %.0fs\n", time.Since(began).Seconds())
+	return nil
+}
