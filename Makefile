@@ -8,7 +8,7 @@ PKGS := ./proto/... ./services/... ./gateway/... ./runner/... ./tools/...
 BINARIES := ./services/cmd/taskrunnerd ./gateway/cmd/gateway ./tools/cmd/taskctl ./tools/cmd/forge \
             ./tools/cmd/modelapi ./tools/cmd/devstack ./runner/cmd/runner
 
-.PHONY: help run test build proto lint npm check-go check-node clean
+.PHONY: help run test build proto lint npm jaeger check-go check-node clean
 
 help:
 	@echo "make run    - bring the whole stack up locally (Ctrl-C stops it)"
@@ -32,17 +32,24 @@ build: check-go
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(BINARIES)
 
-run: build npm
+# Jaeger is pinned as a Go tool in its own module (tools/jaeger/go.mod). The
+# first build takes about 6 minutes on 2 cores; the binary stays in $(BIN)
+# and is rebuilt only when the pin changes.
+jaeger: $(BIN)/jaeger
+$(BIN)/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum | check-go
+	@mkdir -p $(BIN)
+	@echo "building Jaeger v1.76.0 (first time: about 6 minutes)…"
+	cd tools/jaeger && GOWORK=off $(GO) build -o $(abspath $(BIN))/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
+
+run: build npm jaeger
 	$(BIN)/devstack up --dev-dir $(DEV) --bin-dir $(BIN)
 
 # Tests need PostgreSQL and Redis: `devstack deps` finds them or starts
 # throwaway ones under .dev/, and TASKRUNNER_REQUIRE_SERVICES makes any test
 # that cannot reach them fail instead of skip.
-test: check-go npm
-	@mkdir -p $(DEV)
-	$(GO) build -o $(BIN)/devstack ./tools/cmd/devstack
+test: check-go npm build jaeger
 	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/test.env
-	source $(DEV)/test.env && TASKRUNNER_REQUIRE_SERVICES=1 TASKRUNNER_REQUIRE_AGENTS=1 \
+	source $(DEV)/test.env && TASKRUNNER_REQUIRE_SERVICES=1 TASKRUNNER_REQUIRE_AGENTS=1 TASKRUNNER_BIN_DIR=$(abspath $(BIN)) \
 	  $(GO) test -count=1 -timeout 30m $(PKGS)
 
 lint: check-go

@@ -173,6 +173,28 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		"PATH=" + filepath.Join(root, "node_modules", ".bin") + string(os.PathListSeparator) + os.Getenv("PATH"),
 	}
 
+	// Jaeger with in-memory storage, unless the caller exports traces
+	// elsewhere already (OTEL_EXPORTER_OTLP_ENDPOINT) or it was not built.
+	jaegerInfo := "not running (build it with `make jaeger`, or set OTEL_EXPORTER_OTLP_ENDPOINT)"
+	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" {
+		jaegerInfo = "exporting to " + os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	} else if _, err := os.Stat(bin("jaeger")); err == nil {
+		uiPort, otlpPort, grpcPort, queryPort := envOr("JAEGER_UI_PORT", "16686"), envOr("JAEGER_OTLP_HTTP_PORT", "4318"),
+			envOr("JAEGER_OTLP_GRPC_PORT", "4317"), envOr("JAEGER_QUERY_GRPC_PORT", "16685")
+		jg, err := devstack.Start("jaeger", logDir, bin("jaeger"), []string{"--config", filepath.Join(root, "tools", "jaeger", "config.yaml")},
+			[]string{"JAEGER_UI_PORT=" + uiPort, "JAEGER_OTLP_HTTP_PORT=" + otlpPort, "JAEGER_OTLP_GRPC_PORT=" + grpcPort, "JAEGER_QUERY_GRPC_PORT=" + queryPort})
+		if err != nil {
+			return err
+		}
+		s.procs = append(s.procs, jg)
+		if err := jg.WaitReady(ctx, 30*time.Second, tcpReady("127.0.0.1:"+otlpPort)); err != nil {
+			return err
+		}
+		jaegerInfo = "http://127.0.0.1:" + uiPort
+		env = append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:"+otlpPort, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+			"TASKRUNNER_JAEGER_URL=http://127.0.0.1:"+uiPort)
+	}
+
 	// The model API: the real one when ANTHROPIC_API_KEY is set, otherwise
 	// the scripted stand-in with the demo script.
 	modelURL := "the real Anthropic API (ANTHROPIC_API_KEY is set)"
@@ -279,7 +301,7 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	printBanner(banner{http: httpAddr, grpc: grpcAddr, token: token, logs: logDir, model: modelURL, forge: forgeInfo, merge: mergeHint})
+	printBanner(banner{jaeger: jaegerInfo, http: httpAddr, grpc: grpcAddr, token: token, logs: logDir, model: modelURL, forge: forgeInfo, merge: mergeHint})
 
 	exited := make(chan *devstack.Proc, len(s.procs))
 	for _, p := range s.procs {
@@ -316,7 +338,7 @@ func devToken(ctx context.Context, dbURL, path string) (string, error) {
 	return tok, os.WriteFile(path, []byte(tok+"\n"), 0o600)
 }
 
-type banner struct{ http, grpc, token, logs, model, forge, merge string }
+type banner struct{ http, grpc, token, logs, model, forge, merge, jaeger string }
 
 func printBanner(b banner) {
 	fmt.Printf(`
@@ -324,6 +346,8 @@ taskrunner is up.
 
   REST API     http://%[1]s/v1/tasks        (OpenAPI: http://%[1]s/openapi.json)
   gRPC         %[2]s                   (taskctl --addr %[2]s)
+  console      http://%[1]s/
+  Jaeger       %[8]s
   model API    %[5]s
   forge        %[6]s
   logs         %[4]s/   (sandboxes: .dev/sandboxes/)
@@ -339,7 +363,7 @@ Follow it live:
   TASKRUNNER_TOKEN=%[3]s .dev/bin/taskctl task watch <id>
 %[7]s
 Press Ctrl-C to stop everything this command started.
-`, b.http, b.grpc, b.token, b.logs, b.model, b.forge, b.merge)
+`, b.http, b.grpc, b.token, b.logs, b.model, b.forge, b.merge, b.jaeger)
 }
 
 // loadSecrets keeps development secrets stable across runs.
