@@ -8,7 +8,7 @@ PKGS := ./proto/... ./services/... ./gateway/... ./runner/... ./tools/...
 BINARIES := ./services/cmd/taskrunnerd ./gateway/cmd/gateway ./tools/cmd/taskctl ./tools/cmd/forge \
             ./tools/cmd/modelapi ./tools/cmd/devstack ./runner/cmd/runner
 
-.PHONY: help run test build proto lint npm jaeger check-go check-node clean
+.PHONY: help run test build proto lint npm jaeger chromium check-go check-node clean
 
 help:
 	@echo "make run    - bring the whole stack up locally (Ctrl-C stops it)"
@@ -47,7 +47,16 @@ run: build npm jaeger
 # Tests need PostgreSQL and Redis: `devstack deps` finds them or starts
 # throwaway ones under .dev/, and TASKRUNNER_REQUIRE_SERVICES makes any test
 # that cannot reach them fail instead of skip.
-test: check-go npm build jaeger
+# The console's browser tests drive Debian's Chromium through playwright-core.
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for the browser tests…"; \
+	    (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null)); \
+	  else echo "Chromium is required for the browser tests: apt-get install chromium" >&2; exit 1; fi; }
+
+test: check-go npm build jaeger chromium
 	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/test.env
 	source $(DEV)/test.env && TASKRUNNER_REQUIRE_SERVICES=1 TASKRUNNER_REQUIRE_AGENTS=1 TASKRUNNER_BIN_DIR=$(abspath $(BIN)) \
 	  $(GO) test -count=1 -timeout 30m $(PKGS)
@@ -63,3 +72,14 @@ proto: check-go
 
 clean:
 	rm -rf $(BIN)
+
+# The event path benchmark (issue 3): the runner protocol against the HMAC
+# callbacks it replaces, in one process on the PostgreSQL and Redis that
+# `devstack deps` finds or starts. Extra flags: make bench-events BENCH_FLAGS='-rtt 0,26ms'.
+.PHONY: bench-events
+bench-events: check-go
+	@mkdir -p $(DEV)
+	$(GO) build -o $(BIN)/devstack ./tools/cmd/devstack
+	$(GO) build -o $(BIN)/bench-events ./tools/cmd/bench-events
+	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/bench.env
+	source $(DEV)/bench.env && $(BIN)/bench-events $(BENCH_FLAGS)

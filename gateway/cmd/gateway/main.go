@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/taskrunner/taskrunner/gateway/config"
+	"github.com/taskrunner/taskrunner/gateway/console"
 	"github.com/taskrunner/taskrunner/gateway/rest"
 	"github.com/taskrunner/taskrunner/gateway/sse"
 	"github.com/taskrunner/taskrunner/gateway/webhook"
@@ -100,8 +101,20 @@ func run() error {
 		})); err != nil {
 		return err
 	}
+	var consoleCfg console.Config
+	if err := env.Parse(&consoleCfg); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	cons, err := console.New(consoleCfg)
+	if err != nil {
+		return err
+	}
+	extra := stream.Routes()
+	for p, h := range cons.Routes() {
+		extra[p] = h
+	}
 	h, err := rest.Handler(ctx, rest.Options{Task: taskConn, Events: eventsConn, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
-		Extra: stream.Routes()})
+		Extra: extra})
 	if err != nil {
 		return err
 	}

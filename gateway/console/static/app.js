@@ -302,6 +302,7 @@ function showTask(id) {
   let stopped = false;
   let es = null;
   let timer = 0;
+  let graceTimer = 0;
 
   function render() {
     const t = st.task;
@@ -314,9 +315,13 @@ function showTask(id) {
     $("task-agent").textContent = agentLabel(t.agent);
     $("diff-stats").textContent = formatDiff(t.diff_stats) || "—";
     $("cost").textContent = formatUsage(t.usage) || "—";
-    $("pr").replaceChildren(t.pr_url
-      ? externalLink(t.pr_url, t.pr_number && t.pr_number !== "0" ? `#${t.pr_number} ${t.pr_url}` : t.pr_url, "pr-link")
-      : document.createTextNode(LIVE.has(t.status) ? "not opened yet" : "none"));
+    if (t.pr_url) {
+      const link = externalLink(t.pr_url, t.pr_number && t.pr_number !== "0" ? `${t.repo}#${t.pr_number}` : t.pr_url, "pr-link");
+      if (link.title !== undefined) link.title = t.pr_url;
+      $("pr").replaceChildren(link);
+    } else {
+      $("pr").textContent = LIVE.has(t.status) ? "not opened yet" : "none";
+    }
     if (t.trace_id && config.jaegerUrl) {
       $("trace").replaceChildren(externalLink(`${config.jaegerUrl}/trace/${encodeURIComponent(t.trace_id)}`, `View trace ${t.trace_id.slice(0, 16)} in Jaeger`, "trace-link"));
     } else {
@@ -353,6 +358,10 @@ function showTask(id) {
     const o = outcomeOf(t);
     if (!(st.terminalSeen && o === "running")) st.outcome = o;
     render();
+    // A task that stopped taking events (cancelled before it ran, reaped)
+    // may never send a terminal event: give the stream a moment for any
+    // last events, then close it instead of waiting for the server.
+    if (!LIVE.has(t.status) && es && !graceTimer) graceTimer = setTimeout(() => closeStream("ended"), 3000);
   }
 
   function appendLog(lines, stage) {
@@ -414,6 +423,7 @@ function showTask(id) {
   }
 
   function closeStream(state) {
+    clearTimeout(graceTimer);
     if (es) { es.close(); es = null; }
     if (state === "ended") setStreamState("ended", "stream ended");
   }

@@ -192,7 +192,7 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		}
 		jaegerInfo = "http://127.0.0.1:" + uiPort
 		env = append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:"+otlpPort, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
-			"TASKRUNNER_JAEGER_URL=http://127.0.0.1:"+uiPort)
+			"TASKRUNNER_CONSOLE_JAEGER_URL=http://127.0.0.1:"+uiPort)
 	}
 
 	// The model API: the real one when ANTHROPIC_API_KEY is set, otherwise

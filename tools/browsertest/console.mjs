@@ -1,0 +1,275 @@
+#!/usr/bin/env node
+// Browser tests of the web console: headless Debian Chromium driven by
+// playwright-core (which never downloads a browser).
+//
+//   BASE_URL=http://127.0.0.1:8080 TOKEN=$(cat .dev/token) OUT_DIR=.dev/browsertest \
+//     node tools/browsertest/console.mjs
+//
+// Scenarios:
+//   create-task  sign in, create and dispatch a task (demo/greet, "Add a
+//                --farewell flag to greet"), watch the four stages complete
+//                live on the task page, in order, see the PR link; screenshot.
+//   validation   submit an empty prompt and see "prompt: must not be empty"
+//                next to the prompt field (client-side, no request sent);
+//                then a bad base branch, whose message comes from the API's
+//                400 answer; screenshot.
+//
+// Environment:
+//   BASE_URL      the gateway serving the console and the API (required)
+//   TOKEN         an API token (or TOKEN_FILE, a file holding one)
+//   OUT_DIR       where artifacts go (default ./browsertest-artifacts)
+//   CHROMIUM      the browser (default /usr/bin/chromium)
+//   REPO          repository of the task (default demo/greet)
+//   PROMPT        prompt of the task (default "Add a --farewell flag to greet")
+//   TASK_TIMEOUT_MS  how long the task may take to open its PR (default 240000)
+//   SCENARIOS     comma-separated subset (default create-task,validation)
+//
+// Artifacts in OUT_DIR: console-task.png, console-validation.png,
+// failure-<scenario>.png (on failure), result.json (what happened).
+// Exit status: 0 when every scenario passed, 1 when one failed, 2 on bad usage.
+
+import { mkdir, readFile, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { chromium } from "playwright-core";
+
+const STAGES = ["explore", "propose", "apply", "archive"];
+
+function usage(msg) {
+  console.error(`browsertest: ${msg}`);
+  console.error("usage: BASE_URL=http://127.0.0.1:8080 TOKEN=trt_… [OUT_DIR=dir] node tools/browsertest/console.mjs");
+  process.exit(2);
+}
+
+async function config() {
+  const env = process.env;
+  if (!env.BASE_URL) usage("BASE_URL is required (the gateway that serves the console)");
+  let base;
+  try { base = new URL(env.BASE_URL); } catch { usage(`BASE_URL: not a URL: ${JSON.stringify(env.BASE_URL)}`); }
+  let token = env.TOKEN || "";
+  if (!token && env.TOKEN_FILE) token = (await readFile(env.TOKEN_FILE, "utf8")).trim();
+  if (!token) usage("TOKEN (or TOKEN_FILE) is required");
+  const scenarios = (env.SCENARIOS || "create-task,validation").split(",").map((s) => s.trim()).filter(Boolean);
+  for (const s of scenarios) if (!SCENARIOS[s]) usage(`SCENARIOS: unknown scenario ${JSON.stringify(s)} (have ${Object.keys(SCENARIOS).join(", ")})`);
+  const timeout = Number(env.TASK_TIMEOUT_MS || 240000);
+  if (!(timeout > 0)) usage("TASK_TIMEOUT_MS: want a positive number of milliseconds");
+  return {
+    base: base.href.replace(/\/$/, ""),
+    token,
+    outDir: path.resolve(env.OUT_DIR || "browsertest-artifacts"),
+    chromium: env.CHROMIUM || "/usr/bin/chromium",
+    repo: env.REPO || "demo/greet",
+    prompt: env.PROMPT || "Add a --farewell flag to greet",
+    taskTimeout: timeout,
+    scenarios,
+  };
+}
+
+class Failure extends Error {}
+function check(cond, msg) {
+  if (!cond) throw new Failure(msg);
+}
+
+/** Waits for a locator, turning Playwright's timeout into a readable failure. */
+async function waitFor(locator, what, timeout, state = "visible") {
+  try {
+    await locator.waitFor({ state, timeout });
+  } catch (e) {
+    throw new Failure(`timed out after ${timeout} ms waiting for ${what}`);
+  }
+}
+
+const tid = (page, id) => page.getByTestId(id);
+
+async function signIn(page, cfg) {
+  await page.goto(`${cfg.base}/`, { waitUntil: "domcontentloaded" });
+  await waitFor(tid(page, "signin-form"), "the sign-in form", 15000);
+  await tid(page, "signin-token").fill(cfg.token);
+  await tid(page, "signin-submit").click();
+  const outcome = await Promise.race([
+    tid(page, "view-tasks").waitFor({ state: "visible", timeout: 15000 }).then(() => "ok"),
+    page.waitForFunction(() => document.querySelector("[data-testid=signin-error]")?.textContent.trim(), null, { timeout: 15000 })
+      .then(() => "error"),
+  ]).catch(() => "timeout");
+  if (outcome === "error") throw new Failure(`sign-in refused: ${await tid(page, "signin-error").textContent()}`);
+  check(outcome === "ok", "sign-in did not show the task list within 15 s");
+}
+
+// Records every data-state change of the stage steps, from before the
+// console's own scripts run, so the order can be checked afterwards.
+function recordStages() {
+  window.__stageLog = [];
+  new MutationObserver((records) => {
+    for (const r of records) {
+      const el = r.target;
+      const id = el.getAttribute && el.getAttribute("data-testid");
+      if (id && id.startsWith("stage-") && id !== "stage-progress") {
+        window.__stageLog.push({ stage: id.slice(6), state: el.getAttribute("data-state"), t: performance.now() });
+      }
+    }
+  }).observe(document, { subtree: true, attributes: true, attributeFilter: ["data-state"] });
+}
+
+const SCENARIOS = {
+  async "create-task"(page, cfg, result) {
+    await page.addInitScript(recordStages);
+    await signIn(page, cfg);
+    await tid(page, "create-repo").fill(cfg.repo);
+    await tid(page, "create-base-branch").fill("main");
+    await tid(page, "create-prompt").fill(cfg.prompt);
+    await tid(page, "create-agent").selectOption("AGENT_CLAUDE");
+    await tid(page, "create-dispatch").check();
+    await tid(page, "create-submit").click();
+    try {
+      await page.waitForURL(/#\/tasks\/[0-9a-f-]{36}$/, { timeout: 15000 });
+    } catch {
+      const err = [await tid(page, "create-error").textContent(), await tid(page, "error-repo").textContent(),
+        await tid(page, "error-prompt").textContent()].filter((s) => s && s.trim()).join("; ");
+      throw new Failure(`creating the task did not open its page within 15 s${err ? `: ${err}` : ""}`);
+    }
+    const taskId = page.url().split("#/tasks/")[1];
+    result.task_id = taskId;
+    console.log(`browsertest: created task ${taskId}; watching its stages`);
+
+    const start = Date.now();
+    const left = () => Math.max(1000, cfg.taskTimeout - (Date.now() - start));
+    for (const s of STAGES) {
+      try {
+        await page.locator(`[data-testid=stage-${s}][data-state=done]`).waitFor({ state: "attached", timeout: left() });
+      } catch {
+        const states = await page.locator("[data-testid^=stage-][data-state]").evaluateAll(
+          (els) => els.map((e) => `${e.dataset.testid}=${e.dataset.state}`).join(" "));
+        const reason = (await tid(page, "failed-reason").textContent()) || "";
+        const status = await tid(page, "task-status").textContent();
+        throw new Failure(`stage ${s} was not marked done within ${cfg.taskTimeout} ms (status ${status}; ${states})${reason ? `; ${reason}` : ""}`);
+      }
+      console.log(`browsertest: stage ${s} done after ${((Date.now() - start) / 1000).toFixed(1)} s`);
+    }
+
+    // The four steps must have become done in order, each after being
+    // shown in progress: the page followed the stage_change events.
+    const log = await page.evaluate(() => window.__stageLog);
+    result.stage_log = log;
+    const firstDone = STAGES.map((s) => log.findIndex((e) => e.stage === s && e.state === "done"));
+    const firstActive = STAGES.map((s) => log.findIndex((e) => e.stage === s && e.state === "active"));
+    for (let i = 0; i < STAGES.length; i++) {
+      check(firstActive[i] >= 0, `stage ${STAGES[i]} was never shown in progress (seen: ${JSON.stringify(log)})`);
+      check(firstActive[i] < firstDone[i], `stage ${STAGES[i]} was marked done before it was shown in progress`);
+      if (i > 0) check(firstDone[i - 1] < firstDone[i], `stage ${STAGES[i]} was marked done before ${STAGES[i - 1]}`);
+    }
+
+    await waitFor(tid(page, "pr-link"), "the pull request link", left());
+    const prUrl = await tid(page, "pr-link").getAttribute("href");
+    check(/\/pull\/\d+$/.test(prUrl || ""), `the PR link does not point at a pull request: ${prUrl}`);
+    result.pr_url = prUrl;
+    await page.waitForFunction(() => document.querySelector("[data-testid=task-status]")?.dataset.status === "TASK_STATUS_AWAITING_REVIEW",
+      null, { timeout: 15000 }).catch(() => { throw new Failure("the task status did not become awaiting review"); });
+    const diff = (await tid(page, "diff-stats").textContent()).trim();
+    check(/^\+[\d,]+ −[\d,]+, [\d,]+ files?$/.test(diff), `unexpected diff stats: ${JSON.stringify(diff)}`);
+    const cost = (await tid(page, "cost").textContent()).trim();
+    check(/^\$\d/.test(cost), `unexpected cost: ${JSON.stringify(cost)}`);
+    check((await tid(page, "log-tail").locator(".line").count()) > 0, "the log tail is empty");
+    result.diff_stats = diff;
+    result.cost = cost;
+
+    const shot = path.join(cfg.outDir, "console-task.png");
+    await page.screenshot({ path: shot, fullPage: true });
+    result.screenshots.push(shot);
+
+    // The list shows it too.
+    await tid(page, "back").click();
+    await waitFor(page.locator(`[data-testid=task-row][data-task-id="${taskId}"]`), "the task in the task list", 15000);
+  },
+
+  async validation(page, cfg, result) {
+    await signIn(page, cfg);
+    let posted = 0;
+    page.on("request", (r) => { if (r.method() === "POST" && new URL(r.url()).pathname === "/v1/tasks") posted++; });
+
+    // 1. Empty prompt: refused before any request, with the API's message.
+    await tid(page, "create-repo").fill(cfg.repo);
+    await tid(page, "create-prompt").fill("");
+    await tid(page, "create-submit").click();
+    await page.waitForFunction(() => document.querySelector("[data-testid=error-prompt]")?.textContent.trim(), null, { timeout: 5000 })
+      .catch(() => { throw new Failure("no validation message appeared next to the prompt field"); });
+    const msg = (await tid(page, "error-prompt").textContent()).trim();
+    check(msg === "prompt: must not be empty", `prompt error is ${JSON.stringify(msg)}, want "prompt: must not be empty"`);
+    check(await tid(page, "create-prompt").getAttribute("aria-invalid") === "true", "the prompt field is not marked aria-invalid");
+    check(await tid(page, "create-prompt").evaluate((e) => e === document.activeElement), "the prompt field did not get the focus");
+    check((await tid(page, "error-repo").textContent()).trim() === "", "the repo field shows an error for a valid repository");
+    check(posted === 0, "an empty prompt was sent to the API");
+    result.prompt_error = msg;
+    const shot = path.join(cfg.outDir, "console-validation.png");
+    await page.screenshot({ path: shot, fullPage: true });
+    result.screenshots.push(shot);
+
+    // 2. A message from the API's 400 answer lands next to its field.
+    await tid(page, "create-prompt").fill(cfg.prompt);
+    await tid(page, "create-base-branch").fill("bad..branch");
+    await tid(page, "create-dispatch").uncheck();
+    await tid(page, "create-submit").click();
+    await page.waitForFunction(() => document.querySelector("[data-testid=error-base_branch]")?.textContent.trim(), null, { timeout: 10000 })
+      .catch(() => { throw new Failure("the API's validation message for base_branch did not appear next to its field"); });
+    const apiMsg = (await tid(page, "error-base_branch").textContent()).trim();
+    check(apiMsg.startsWith("base_branch: "), `base_branch error is ${JSON.stringify(apiMsg)}, want the API's "base_branch: …" message`);
+    check(posted === 1, `want exactly one POST /v1/tasks (the bad branch), saw ${posted}`);
+    check((await tid(page, "error-prompt").textContent()).trim() === "", "the prompt error was not cleared");
+    result.api_error = apiMsg;
+  },
+};
+
+async function main() {
+  const cfg = await config();
+  await mkdir(cfg.outDir, { recursive: true });
+  let browser;
+  try {
+    browser = await chromium.launch({
+      executablePath: cfg.chromium,
+      headless: true,
+      // Debian's Chromium as root, on a machine without outside network.
+      args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"],
+    });
+  } catch (e) {
+    console.error(`browsertest: cannot start ${cfg.chromium} (apt-get install chromium): ${e.message.split("\n")[0]}`);
+    process.exit(1);
+  }
+  const results = [];
+  let failed = 0;
+  for (const name of cfg.scenarios) {
+    const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+    const page = await context.newPage();
+    const pageErrors = [];
+    page.on("pageerror", (e) => pageErrors.push(e.message));
+    page.on("console", (m) => { if (m.type() === "error") pageErrors.push(`console: ${m.text()}`); });
+    const result = { scenario: name, ok: false, screenshots: [] };
+    const t0 = Date.now();
+    try {
+      await SCENARIOS[name](page, cfg, result);
+      const uncaught = pageErrors.filter((m) => !m.startsWith("console: "));
+      check(uncaught.length === 0, `the page threw: ${uncaught.join("; ")}`);
+      result.ok = true;
+      console.log(`browsertest: PASS ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+    } catch (e) {
+      failed++;
+      result.error = e instanceof Failure ? e.message : `${e.name}: ${e.message}`;
+      const shot = path.join(cfg.outDir, `failure-${name}.png`);
+      await page.screenshot({ path: shot, fullPage: true }).then(() => result.screenshots.push(shot), () => {});
+      console.error(`browsertest: FAIL ${name}: ${result.error}`);
+      if (pageErrors.length) console.error(`browsertest: page errors: ${pageErrors.join(" | ")}`);
+      console.error(`browsertest: screenshot of the failure: ${shot}`);
+    }
+    result.page_errors = pageErrors;
+    result.seconds = (Date.now() - t0) / 1000;
+    results.push(result);
+    await context.close();
+  }
+  await browser.close();
+  await writeFile(path.join(cfg.outDir, "result.json"), JSON.stringify({ base_url: cfg.base, results }, null, 2) + "\n");
+  for (const r of results) for (const s of r.screenshots) console.log(`browsertest: artifact ${s}`);
+  process.exit(failed ? 1 : 0);
+}
+
+main().catch((e) => {
+  console.error(`browsertest: ${e.stack || e}`);
+  process.exit(1);
+});

@@ -1,0 +1,418 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrunner/taskrunner/services/store/storetest"
+)
+
+func repoRoot(t *testing.T) string {
+	dir, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	require.FileExists(t, filepath.Join(dir, "go.work"))
+	return dir
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// binaries returns a directory holding every binary, building what is
+// missing (make test builds them into .dev/bin first).
+func binaries(t *testing.T, root string) string {
+	dir := os.Getenv("TASKRUNNER_BIN_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+		cmd := exec.Command("go", "build", "-o", dir+"/", "./services/cmd/taskrunnerd", "./gateway/cmd/gateway", "./tools/cmd/taskctl",
+			"./tools/cmd/forge", "./tools/cmd/modelapi", "./tools/cmd/devstack", "./runner/cmd/runner")
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, string(out))
+	}
+	for _, b := range []string{"taskrunnerd", "gateway", "forge", "modelapi", "devstack", "runner"} {
+		require.FileExists(t, filepath.Join(dir, b))
+	}
+	return dir
+}
+
+type stack struct {
+	t                  *testing.T
+	dev, api, forgeURL string
+	jaegerURL          string
+	metricsAddr        string
+	token, forgeToken  string
+	cmd                *exec.Cmd
+	done               chan error
+	out                *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func startStack(t *testing.T) *stack {
+	root := repoRoot(t)
+	if _, err := os.Stat(filepath.Join(root, "node_modules", ".bin", "claude")); err != nil {
+		if os.Getenv("TASKRUNNER_REQUIRE_AGENTS") != "" {
+			t.Fatalf("the Claude Code CLI is not installed (run npm ci): %v", err)
+		}
+		t.Skip("node_modules/.bin/claude not installed; run `make test`")
+	}
+	bin := binaries(t, root)
+	if _, err := os.Stat(filepath.Join(bin, "jaeger")); err != nil {
+		if os.Getenv("TASKRUNNER_REQUIRE_SERVICES") != "" {
+			t.Fatalf("jaeger is not built in %s (make jaeger): %v", bin, err)
+		}
+		t.Skip("jaeger not built; run `make test`")
+	}
+	// Not t.TempDir(): its 0700 parent would lock out the unprivileged agent.
+	dev, err := os.MkdirTemp("", "taskrunner-e2e-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dev, 0o755))
+	t.Cleanup(func() { _ = os.RemoveAll(dev) })
+	suffix := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	dbURL := regexp.MustCompile(`/[^/?]*(\?|$)`).ReplaceAllString(storetest.DatabaseURL(), "/taskrunner_e2e_"+suffix+"$1")
+	ports := map[string]string{}
+	for _, k := range []string{"http", "grpc", "runner", "forge", "model", "metrics", "ui", "otlp", "otlpgrpc", "query"} {
+		ports[k] = freePort(t)
+	}
+	s := &stack{t: t, dev: dev, api: "http://127.0.0.1:" + ports["http"], forgeURL: "http://127.0.0.1:" + ports["forge"],
+		jaegerURL: "http://127.0.0.1:" + ports["ui"], metricsAddr: "127.0.0.1:" + ports["metrics"], out: &syncBuffer{}, done: make(chan error, 1)}
+	cmd := exec.Command(filepath.Join(bin, "devstack"), "up", "--dev-dir", dev, "--bin-dir", bin)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(),
+		"TASKRUNNER_DATABASE_URL="+dbURL, "TASKRUNNER_REDIS_URL="+storetest.RedisURL(), "TASKRUNNER_REDIS_PREFIX=e2e-"+suffix+":",
+		"TASKRUNNER_HTTP_ADDR=127.0.0.1:"+ports["http"], "TASKRUNNER_GRPC_ADDR=127.0.0.1:"+ports["grpc"],
+		"TASKRUNNER_RUNNER_GRPC_ADDR=127.0.0.1:"+ports["runner"], "DEVSTACK_FORGE_ADDR=127.0.0.1:"+ports["forge"],
+		"DEVSTACK_MODELAPI_ADDR=127.0.0.1:"+ports["model"], "TASKRUNNER_METRICS_ADDR="+s.metricsAddr,
+		"JAEGER_UI_PORT="+ports["ui"], "JAEGER_OTLP_HTTP_PORT="+ports["otlp"], "JAEGER_OTLP_GRPC_PORT="+ports["otlpgrpc"],
+		"JAEGER_QUERY_GRPC_PORT="+ports["query"], "ANTHROPIC_API_KEY=", "TASKRUNNER_GITHUB_APP_ID=", "TASKRUNNER_GITHUB_TOKEN=",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=", "TASKRUNNER_REAPER_INTERVAL=2s")
+	cmd.Stdout, cmd.Stderr = s.out, s.out
+	require.NoError(t, cmd.Start())
+	s.cmd = cmd
+	go func() { s.done <- cmd.Wait() }()
+	t.Cleanup(s.stop)
+	deadline := time.After(3 * time.Minute)
+	for !strings.Contains(s.out.String(), "taskrunner is up") {
+		select {
+		case err := <-s.done:
+			t.Fatalf("devstack exited: %v\n%s", err, s.out)
+		case <-deadline:
+			t.Fatalf("stack not up after 3 minutes:\n%s", s.out)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dev, "token"))
+	require.NoError(t, err)
+	s.token = strings.TrimSpace(string(b))
+	sec, err := os.ReadFile(filepath.Join(dev, "secrets.env"))
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(sec), "\n") {
+		if v, ok := strings.CutPrefix(l, "forge="); ok {
+			s.forgeToken = v
+		}
+	}
+	return s
+}
+
+func (s *stack) stop() {
+	if s.cmd == nil || s.cmd.ProcessState != nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.done:
+	case <-time.After(60 * time.Second):
+		_ = s.cmd.Process.Kill()
+	}
+	if s.t.Failed() {
+		for _, name := range []string{"taskrunnerd", "gateway", "forge", "modelapi", "jaeger"} {
+			b, _ := os.ReadFile(filepath.Join(s.dev, "logs", name+".log"))
+			if len(b) > 4000 {
+				b = b[len(b)-4000:]
+			}
+			s.t.Logf("--- %s.log (tail) ---\n%s", name, b)
+		}
+	}
+}
+
+func (s *stack) do(t *testing.T, method, url, auth, body string) (int, map[string]any) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	b, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(b, &out)
+	return resp.StatusCode, out
+}
+
+type sseEvent struct {
+	id, name string
+	data     map[string]any
+}
+
+// follow reads the task's SSE stream until it ends.
+func (s *stack) follow(t *testing.T, id string) []sseEvent {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.api+"/v1/tasks/"+id+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", strings.Split(resp.Header.Get("Content-Type"), ";")[0])
+	var evs []sseEvent
+	var cur sseEvent
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "id: "):
+			cur.id = strings.TrimPrefix(line, "id: ")
+		case strings.HasPrefix(line, "event: "):
+			cur.name = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &cur.data))
+		case line == "" && cur.name != "":
+			evs = append(evs, cur)
+			cur = sseEvent{}
+		}
+	}
+	return evs
+}
+
+func TestEndToEnd(t *testing.T) {
+	s := startStack(t)
+	bearer := "Bearer " + s.token
+
+	code, body := s.do(t, http.MethodPost, s.api+"/v1/tasks", bearer, `{"repo":"demo/greet","prompt":"Add a --farewell flag to greet","dispatch":true}`)
+	require.Equal(t, http.StatusOK, code, body)
+	task := body["task"].(map[string]any)
+	id := task["id"].(string)
+	traceID := task["trace_id"].(string)
+	require.Len(t, traceID, 32, "the task resource shows its trace id")
+
+	evs := s.follow(t, id)
+	require.NotEmpty(t, evs)
+	var stages []string
+	var lastDiff map[string]any
+	prev := 0
+	for _, e := range evs {
+		n, err := strconv.Atoi(e.id)
+		require.NoError(t, err)
+		require.Equal(t, prev+1, n, "SSE ids are the event sequence, no gap, no duplicate")
+		prev = n
+		switch e.name {
+		case "stage_change":
+			stages = append(stages, e.data["stageChange"].(map[string]any)["stage"].(string))
+		case "diff_stats":
+			lastDiff = e.data["diffStats"].(map[string]any)
+		}
+	}
+	require.Equal(t, []string{"TASK_STAGE_EXPLORE", "TASK_STAGE_PROPOSE", "TASK_STAGE_APPLY", "TASK_STAGE_ARCHIVE"}, stages)
+	last := evs[len(evs)-1]
+	require.Equal(t, "completed", last.name, "the stream ends with completed")
+	prURL := last.data["completed"].(map[string]any)["prUrl"].(string)
+	require.True(t, strings.HasPrefix(prURL, s.forgeURL+"/demo/greet/pull/"), prURL)
+	require.NotNil(t, lastDiff)
+
+	// The PR branch holds the archived OpenSpec change and the code edit,
+	// and its diff against main is what the runner reported.
+	clone := filepath.Join(t.TempDir(), "greet")
+	git := func(args ...string) string {
+		cmd := exec.Command("git", append([]string{"-c", "http.extraHeader=Authorization: token " + s.forgeToken}, args...)...)
+		cmd.Dir = filepath.Dir(clone)
+		if _, err := os.Stat(clone); err == nil {
+			cmd.Dir = clone
+		}
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, string(out))
+		return string(out)
+	}
+	git("clone", "-q", s.forgeURL+"/demo/greet.git", clone)
+	git("fetch", "-q", "origin", "taskrunner/"+id)
+	files := git("ls-tree", "-r", "--name-only", "FETCH_HEAD")
+	require.Regexp(t, `openspec/changes/archive/[0-9-]+-add-farewell/proposal.md`, files)
+	require.Contains(t, files, "openspec/specs/greet/spec.md")
+	require.Contains(t, git("show", "FETCH_HEAD:greet"), "farewell")
+	var add, del, n int64
+	for _, l := range strings.Split(strings.TrimSpace(git("diff", "--numstat", "origin/main", "FETCH_HEAD")), "\n") {
+		f := strings.Fields(l)
+		a, _ := strconv.ParseInt(f[0], 10, 64)
+		d, _ := strconv.ParseInt(f[1], 10, 64)
+		add, del, n = add+a, del+d, n+1
+	}
+	require.Equal(t, fmt.Sprint(add), fmt.Sprint(lastDiff["additions"]))
+	require.Equal(t, fmt.Sprint(del), fmt.Sprint(lastDiff["deletions"]))
+	require.Equal(t, fmt.Sprint(n), fmt.Sprint(lastDiff["filesChanged"]))
+
+	code, body = s.do(t, http.MethodGet, s.api+"/v1/tasks/"+id, bearer, "")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "TASK_STATUS_AWAITING_REVIEW", body["task"].(map[string]any)["status"])
+
+	// Merging on the forge sends the signed webhook: the task is done.
+	number := prURL[strings.LastIndex(prURL, "/")+1:]
+	code, body = s.do(t, http.MethodPut, s.forgeURL+"/repos/demo/greet/pulls/"+number+"/merge", "token "+s.forgeToken, `{}`)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Eventually(t, func() bool {
+		_, body := s.do(t, http.MethodGet, s.api+"/v1/tasks/"+id, bearer, "")
+		return body["task"].(map[string]any)["status"] == "TASK_STATUS_DONE"
+	}, 30*time.Second, 200*time.Millisecond)
+
+	checkTrace(t, s, traceID)
+	checkMetrics(t, s)
+	runBrowserTests(t, s)
+}
+
+type jaegerSpan struct {
+	TraceID       string `json:"traceID"`
+	SpanID        string `json:"spanID"`
+	OperationName string `json:"operationName"`
+	References    []struct {
+		RefType string `json:"refType"`
+		TraceID string `json:"traceID"`
+		SpanID  string `json:"spanID"`
+	} `json:"references"`
+	ProcessID string `json:"processID"`
+}
+
+type jaegerTrace struct {
+	TraceID   string                    `json:"traceID"`
+	Spans     []jaegerSpan              `json:"spans"`
+	Processes map[string]map[string]any `json:"processes"`
+}
+
+// checkTrace reads the task's trace from Jaeger's HTTP query API: one trace
+// holding spans of every process, with parent links across them.
+func checkTrace(t *testing.T, s *stack, traceID string) {
+	want := []string{"task.create", "dispatch", "sandbox.create", "runner", "stage.explore", "stage.propose", "stage.apply",
+		"stage.archive", "git.clone", "git.push", "github.pr.create"}
+	var tr jaegerTrace
+	var missing []string
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(s.jaegerURL + "/api/traces/" + traceID)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Data []jaegerTrace `json:"data"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.Data) != 1 {
+			return false
+		}
+		tr = out.Data[0]
+		ops := map[string]bool{}
+		for _, sp := range tr.Spans {
+			ops[sp.OperationName] = true
+		}
+		missing = nil
+		for _, w := range want {
+			if !ops[w] {
+				missing = append(missing, w)
+			}
+		}
+		return len(missing) == 0
+	}, 60*time.Second, 500*time.Millisecond, "trace %s misses spans %v", traceID, &missing)
+
+	services := map[string]bool{}
+	for _, p := range tr.Processes {
+		services[fmt.Sprint(p["serviceName"])] = true
+	}
+	for _, svc := range []string{"gateway", "taskrunnerd", "runner"} {
+		require.True(t, services[svc], "spans from %s in the trace (have %v)", svc, services)
+	}
+	byID := map[string]jaegerSpan{}
+	byOp := map[string]jaegerSpan{}
+	for _, sp := range tr.Spans {
+		require.Equal(t, traceID, sp.TraceID)
+		byID[sp.SpanID] = sp
+		if _, ok := byOp[sp.OperationName]; !ok {
+			byOp[sp.OperationName] = sp
+		}
+	}
+	parent := func(op string) string {
+		for _, r := range byOp[op].References {
+			if r.RefType == "CHILD_OF" {
+				return byID[r.SpanID].OperationName
+			}
+		}
+		return ""
+	}
+	require.Equal(t, "sandbox.create", parent("runner"), "the runner continues the dispatch trace across processes")
+	require.Equal(t, "runner", parent("stage.explore"))
+	require.NotEmpty(t, parent("task.create"), "task.create has the gateway/gRPC request as parent")
+	require.NotEqual(t, byOp["runner"].ProcessID, byOp["sandbox.create"].ProcessID, "parent and child live in different processes")
+}
+
+func metricValue(t *testing.T, body, name string) float64 {
+	var total float64
+	found := false
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, name) && !strings.HasPrefix(l, "#") {
+			f := strings.Fields(l)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err == nil {
+				total += v
+				found = true
+			}
+		}
+	}
+	require.True(t, found, "metric %s not exposed", name)
+	return total
+}
+
+func checkMetrics(t *testing.T, s *stack) {
+	get := func(url string) string {
+		resp, err := http.Get(url)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	m := get("http://" + s.metricsAddr + "/metrics")
+	require.GreaterOrEqual(t, metricValue(t, m, `taskrunner_tasks{`), 1.0)
+	require.GreaterOrEqual(t, metricValue(t, m, `taskrunner_tasks{status="done"`), 1.0)
+	require.Greater(t, metricValue(t, m, "taskrunner_events_ingested_total"), 10.0)
+	require.GreaterOrEqual(t, metricValue(t, m, "taskrunner_dispatch_latency_seconds_count"), 1.0)
+	metricValue(t, m, "taskrunner_queue_depth")
+	g := get(s.api + "/metrics")
+	metricValue(t, g, "taskrunner_sse_subscribers")
+}
