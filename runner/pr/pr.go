@@ -12,6 +12,11 @@ import (
 	"time"
 
 	"github.com/google/go-github/v62/github"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Request describes the pull request to open.
@@ -40,7 +45,9 @@ type traceTransport struct {
 }
 
 func (t traceTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if t.traceparent != "" {
+	// With a live span, otelhttp has already injected the current context;
+	// the explicit traceparent is the fallback without an SDK.
+	if t.traceparent != "" && r.Header.Get("traceparent") == "" {
 		r = r.Clone(r.Context())
 		r.Header.Set("traceparent", t.traceparent)
 	}
@@ -48,7 +55,17 @@ func (t traceTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // Open creates the pull request.
-func Open(ctx context.Context, req Request) (Opened, error) {
+func Open(ctx context.Context, req Request) (op Opened, err error) {
+	ctx, span := otel.Tracer("github.com/taskrunner/taskrunner/runner/pr").Start(ctx, "github.pr.create",
+		trace.WithAttributes(attribute.String("taskrunner.repo", req.Repo), attribute.Bool("taskrunner.draft", req.Draft)))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.SetAttributes(attribute.Int64("taskrunner.pr_number", op.Number))
+		span.End()
+	}()
 	owner, name, ok := strings.Cut(req.Repo, "/")
 	if !ok {
 		return Opened{}, fmt.Errorf("pr: bad repository %q", req.Repo)
@@ -61,7 +78,7 @@ func Open(ctx context.Context, req Request) (Opened, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	hc = &http.Client{Timeout: hc.Timeout, Transport: traceTransport{base: base, traceparent: req.TraceParent}}
+	hc = &http.Client{Timeout: hc.Timeout, Transport: otelhttp.NewTransport(traceTransport{base: base, traceparent: req.TraceParent})}
 	client := github.NewClient(hc).WithAuthToken(req.Token)
 	if req.APIBaseURL != "" {
 		u, err := url.Parse(strings.TrimRight(req.APIBaseURL, "/") + "/")

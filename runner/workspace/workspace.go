@@ -13,6 +13,11 @@ import (
 	"strconv"
 	"strings"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/taskrunner/taskrunner/runner/proc"
 )
 
@@ -164,7 +169,9 @@ func (w *Workspace) git(ctx context.Context, op string, token string, args ...st
 }
 
 // Clone clones the base branch of remote into the checkout and creates the task branch.
-func (w *Workspace) Clone(ctx context.Context, remote, token string) error {
+func (w *Workspace) Clone(ctx context.Context, remote, token string) (err error) {
+	ctx, span := tracer.Start(ctx, "git.clone", trace.WithAttributes(attribute.String("taskrunner.base_branch", w.cfg.BaseBranch)))
+	defer func() { endSpan(span, err) }()
 	if _, err := w.git(ctx, "clone", token, "clone", "--quiet", "--no-tags", "--branch", w.cfg.BaseBranch, "--", remote, "."); err != nil {
 		return err
 	}
@@ -282,11 +289,13 @@ func (w *Workspace) Ahead(ctx context.Context) (bool, error) {
 }
 
 // Push pushes HEAD to the task branch of remote.
-func (w *Workspace) Push(ctx context.Context, remote, token string) error {
+func (w *Workspace) Push(ctx context.Context, remote, token string) (err error) {
+	ctx, span := tracer.Start(ctx, "git.push", trace.WithAttributes(attribute.String("taskrunner.head_branch", w.Branch())))
+	defer func() { endSpan(span, err) }()
 	if err := os.WriteFile(filepath.Join(w.cfg.Dir, ".git", "config"), []byte(cleanConfig), 0o644); err != nil {
 		return fmt.Errorf("reset git config: %w", err)
 	}
-	_, err := w.git(ctx, "push", token, "push", "--quiet", "--no-verify", "--", remote, "HEAD:refs/heads/"+w.Branch())
+	_, err = w.git(ctx, "push", token, "push", "--quiet", "--no-verify", "--", remote, "HEAD:refs/heads/"+w.Branch())
 	return err
 }
 
@@ -342,4 +351,14 @@ func (w *Workspace) ChangeDir(name string) string {
 func (w *Workspace) Archived(name string) bool {
 	d := w.ChangeDir(name)
 	return d != "" && strings.Contains(filepath.ToSlash(d), "/openspec/changes/archive/")
+}
+
+var tracer = otel.Tracer("github.com/taskrunner/taskrunner/runner/workspace")
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
