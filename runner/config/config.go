@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/user"
 	"reflect"
@@ -20,6 +21,7 @@ import (
 // Agents the runner can drive.
 const (
 	AgentClaude = "claude"
+	AgentCodex  = "codex"
 )
 
 // Config is the runner's whole configuration. Dispatch sets these variables in the sandbox.
@@ -53,11 +55,26 @@ type Config struct {
 	// AgentUser is the uid or user name the agent runs as when the runner is root.
 	AgentUser   string `env:"TASKRUNNER_AGENT_USER" envDefault:"65534"`
 	ClaudeBin   string `env:"TASKRUNNER_CLAUDE_BIN" envDefault:"claude"`
+	CodexBin    string `env:"TASKRUNNER_CODEX_BIN" envDefault:"codex"`
 	OpenSpecBin string `env:"TASKRUNNER_OPENSPEC_BIN" envDefault:"openspec"`
 	GitBin      string `env:"TASKRUNNER_GIT_BIN" envDefault:"git"`
 	// RedactPatterns are extra regular expressions, separated by newlines.
 	RedactPatterns string `env:"TASKRUNNER_REDACT_PATTERNS"`
 	LogLevel       string `env:"TASKRUNNER_LOG_LEVEL" envDefault:"info"`
+
+	// Codex (TASKRUNNER_AGENT=codex). CodexBaseURL is the Responses API base URL (…/v1);
+	// empty means OPENAI_BASE_URL, then https://api.openai.com/v1. OPENAI_API_KEY is passed
+	// to the CLI.
+	CodexBaseURL  string `env:"TASKRUNNER_CODEX_BASE_URL"`
+	OpenAIBaseURL string `env:"OPENAI_BASE_URL"`
+	CodexModel    string `env:"TASKRUNNER_CODEX_MODEL" envDefault:"gpt-5.5"`
+	// CodexHome is the CLI's CODEX_HOME; empty means .codex in the agent's HOME.
+	CodexHome string `env:"TASKRUNNER_CODEX_HOME"`
+	// USD per million tokens: Codex reports token counts only, the runner prices them so that
+	// TASKRUNNER_MAX_BUDGET_USD applies.
+	CodexPriceInputPerMTok       float64 `env:"TASKRUNNER_CODEX_PRICE_INPUT_PER_MTOK" envDefault:"1.25"`
+	CodexPriceCachedInputPerMTok float64 `env:"TASKRUNNER_CODEX_PRICE_CACHED_INPUT_PER_MTOK" envDefault:"0.125"`
+	CodexPriceOutputPerMTok      float64 `env:"TASKRUNNER_CODEX_PRICE_OUTPUT_PER_MTOK" envDefault:"10"`
 }
 
 // Load reads the variables from environ ("KEY=value" entries, as os.Environ returns) and
@@ -75,6 +92,12 @@ func Load(environ []string) (Config, error) {
 	}
 	if c.TokenAddr == "" {
 		c.TokenAddr = c.EventsAddr
+	}
+	if c.CodexBaseURL == "" {
+		c.CodexBaseURL = c.OpenAIBaseURL
+	}
+	if c.CodexBaseURL == "" {
+		c.CodexBaseURL = "https://api.openai.com/v1"
 	}
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("configuration: %w", err)
@@ -135,8 +158,26 @@ func (c Config) Validate() error {
 	if !branchRE.MatchString(c.BaseBranch) || strings.Contains(c.BaseBranch, "..") || strings.HasSuffix(c.BaseBranch, ".lock") {
 		bad("TASKRUNNER_BASE_BRANCH", "not a valid branch name: %q", c.BaseBranch)
 	}
-	if c.Agent != AgentClaude {
-		bad("TASKRUNNER_AGENT", "want %q (codex is not supported yet), got %q", AgentClaude, c.Agent)
+	switch c.Agent {
+	case AgentClaude:
+	case AgentCodex:
+		if u, err := url.Parse(c.CodexBaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("TASKRUNNER_CODEX_BASE_URL", "want an http(s) URL such as https://api.openai.com/v1, got %q", c.CodexBaseURL)
+		}
+		if strings.TrimSpace(c.CodexModel) == "" {
+			bad("TASKRUNNER_CODEX_MODEL", "must not be empty")
+		}
+	default:
+		bad("TASKRUNNER_AGENT", "want %q or %q, got %q", AgentClaude, AgentCodex, c.Agent)
+	}
+	for name, p := range map[string]float64{
+		"TASKRUNNER_CODEX_PRICE_INPUT_PER_MTOK":        c.CodexPriceInputPerMTok,
+		"TASKRUNNER_CODEX_PRICE_CACHED_INPUT_PER_MTOK": c.CodexPriceCachedInputPerMTok,
+		"TASKRUNNER_CODEX_PRICE_OUTPUT_PER_MTOK":       c.CodexPriceOutputPerMTok,
+	} {
+		if p < 0 {
+			bad(name, "must not be negative, got %g", p)
+		}
 	}
 	for name, addr := range map[string]string{"TASKRUNNER_EVENTS_ADDR": c.EventsAddr, "TASKRUNNER_TOKEN_ADDR": c.TokenAddr} {
 		if addr == "" {

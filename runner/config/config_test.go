@@ -45,6 +45,36 @@ func TestLoadDefaults(t *testing.T) {
 	require.True(t, c.DeadlineTime().IsZero())
 }
 
+func TestLoadCodex(t *testing.T) {
+	cases := []struct {
+		name string
+		set  map[string]string
+		url  string
+	}{
+		{name: "defaults", set: map[string]string{}, url: "https://api.openai.com/v1"},
+		{name: "from OPENAI_BASE_URL", set: map[string]string{"OPENAI_BASE_URL": "http://127.0.0.1:8089/v1"}, url: "http://127.0.0.1:8089/v1"},
+		{name: "explicit wins", set: map[string]string{"OPENAI_BASE_URL": "http://a/v1", "TASKRUNNER_CODEX_BASE_URL": "http://b/v1"}, url: "http://b/v1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := base(t)
+			m["TASKRUNNER_AGENT"] = "codex"
+			for k, v := range tc.set {
+				m[k] = v
+			}
+			c, err := Load(environ(m))
+			require.NoError(t, err)
+			require.Equal(t, AgentCodex, c.Agent)
+			require.Equal(t, tc.url, c.CodexBaseURL)
+			require.Equal(t, "gpt-5.5", c.CodexModel)
+			require.Equal(t, "codex", c.CodexBin)
+			require.InDelta(t, 1.25, c.CodexPriceInputPerMTok, 1e-12)
+			require.InDelta(t, 0.125, c.CodexPriceCachedInputPerMTok, 1e-12)
+			require.InDelta(t, 10.0, c.CodexPriceOutputPerMTok, 1e-12)
+		})
+	}
+}
+
 func TestLoadNamesTheBadVariable(t *testing.T) {
 	cases := []struct {
 		name string
@@ -56,7 +86,11 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{name: "empty prompt", set: map[string]string{"TASKRUNNER_PROMPT": ""}, want: "TASKRUNNER_PROMPT"},
 		{name: "bad repo", set: map[string]string{"TASKRUNNER_REPO": "greet"}, want: "TASKRUNNER_REPO: want owner/name"},
 		{name: "bad branch", set: map[string]string{"TASKRUNNER_BASE_BRANCH": "-x"}, want: "TASKRUNNER_BASE_BRANCH"},
-		{name: "unknown agent", set: map[string]string{"TASKRUNNER_AGENT": "codex"}, want: "TASKRUNNER_AGENT"},
+		{name: "unknown agent", set: map[string]string{"TASKRUNNER_AGENT": "gemini"}, want: `TASKRUNNER_AGENT: want "claude" or "codex", got "gemini"`},
+		{name: "codex base URL", set: map[string]string{"TASKRUNNER_AGENT": "codex", "TASKRUNNER_CODEX_BASE_URL": "localhost:8080"}, want: "TASKRUNNER_CODEX_BASE_URL"},
+		{name: "codex empty model", set: map[string]string{"TASKRUNNER_AGENT": "codex", "TASKRUNNER_CODEX_MODEL": " "}, want: "TASKRUNNER_CODEX_MODEL"},
+		{name: "negative price", set: map[string]string{"TASKRUNNER_CODEX_PRICE_OUTPUT_PER_MTOK": "-2"}, want: "TASKRUNNER_CODEX_PRICE_OUTPUT_PER_MTOK: must not be negative"},
+		{name: "price not a number", set: map[string]string{"TASKRUNNER_CODEX_PRICE_INPUT_PER_MTOK": "cheap"}, want: "TASKRUNNER_CODEX_PRICE_INPUT_PER_MTOK"},
 		{name: "bad address", set: map[string]string{"TASKRUNNER_TOKEN_ADDR": "nohost"}, want: "TASKRUNNER_TOKEN_ADDR"},
 		{name: "turns not a number", set: map[string]string{"TASKRUNNER_MAX_TURNS": "many"}, want: "TASKRUNNER_MAX_TURNS"},
 		{name: "turns zero", set: map[string]string{"TASKRUNNER_MAX_TURNS": "0"}, want: "TASKRUNNER_MAX_TURNS: must be positive"},

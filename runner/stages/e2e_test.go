@@ -19,7 +19,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/agent/claude"
+	"github.com/taskrunner/taskrunner/runner/agent/codex"
 	"github.com/taskrunner/taskrunner/runner/proc"
 	"github.com/taskrunner/taskrunner/runner/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
@@ -38,6 +40,7 @@ const (
 	demoChange  = "add-farewell"
 	traceID     = "4bf92f3577b34da6a3ce929d0e0e4736"
 	traceParent = "00-" + traceID + "-00f067aa0ba902b7-01"
+	openAIKey   = "sk-openai-test-key-0123456789abcdef"
 )
 
 var appKey = sync.OnceValue(func() *rsa.PrivateKey {
@@ -152,13 +155,22 @@ func (w slogTestWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// nodeBin finds node_modules/.bin with the claude and openspec CLIs above the test.
-func nodeBin(t *testing.T) string {
+// Agents the tests run, by their TASKRUNNER_AGENT name (also the name of their CLI).
+const (
+	agentClaude = "claude"
+	agentCodex  = "codex"
+)
+
+// codexPrices price the Codex demo's tokens (distinct from the defaults on purpose).
+var codexPrices = codex.Prices{InputPerMTok: 2, CachedInputPerMTok: 0.5, OutputPerMTok: 8}
+
+// nodeBin finds node_modules/.bin with the agent's CLI and openspec above the test.
+func nodeBin(t *testing.T, cli string) string {
 	dir, err := os.Getwd()
 	require.NoError(t, err)
 	for {
 		bin := filepath.Join(dir, "node_modules", ".bin")
-		if _, err := os.Stat(filepath.Join(bin, "claude")); err == nil {
+		if _, err := os.Stat(filepath.Join(bin, cli)); err == nil {
 			if _, err := os.Stat(filepath.Join(bin, "openspec")); err == nil {
 				return bin
 			}
@@ -170,9 +182,9 @@ func nodeBin(t *testing.T) string {
 		dir = parent
 	}
 	if os.Getenv("TASKRUNNER_REQUIRE_AGENTS") == "1" {
-		t.Fatal("TASKRUNNER_REQUIRE_AGENTS=1 but the claude and openspec CLIs are not installed (run `npm ci` at the repository root)")
+		t.Fatalf("TASKRUNNER_REQUIRE_AGENTS=1 but the %s and openspec CLIs are not installed (run `npm ci` at the repository root)", cli)
 	}
-	t.Skip("the claude and openspec CLIs are not installed: no node_modules/.bin above this directory (run `npm ci` at the repository root)")
+	t.Skipf("the %s and openspec CLIs are not installed: no node_modules/.bin above this directory (run `npm ci` at the repository root)", cli)
 	return ""
 }
 
@@ -189,17 +201,22 @@ type harness struct {
 }
 
 type setup struct {
+	agent    string // agentClaude (default) or agentCodex
 	script   string
 	repo     string // repository the task names (default acme/greet)
 	files    map[string]string
 	maxTurns int
 	tokens   func(h *harness) repotoken.Source
 	patterns []string
+	budget   float64 // TASKRUNNER_MAX_BUDGET_USD
 }
 
 func newHarness(t *testing.T, s setup) *harness {
 	t.Helper()
-	bin := nodeBin(t)
+	if s.agent == "" {
+		s.agent = agentClaude
+	}
+	bin := nodeBin(t, s.agent)
 	if s.repo == "" {
 		s.repo = owner + "/" + repoName
 	}
@@ -247,22 +264,35 @@ func newHarness(t *testing.T, s setup) *harness {
 	require.NoError(t, err)
 	environ := []string{"PATH=" + os.Getenv("PATH"), "ANTHROPIC_BASE_URL=" + mts.URL, "ANTHROPIC_API_KEY=sk-ant-test-key-0123456789abcdef"}
 	red.AddLiteral("sk-ant-test-key-0123456789abcdef")
+	red.AddLiteral(openAIKey)
 	extra := []string{bin}
+	var ag agent.Agent
+	switch s.agent {
+	case agentCodex:
+		ag = codex.New(codex.Config{
+			Bin: filepath.Join(bin, "codex"), Dir: repo, Home: filepath.Join(home, ".codex"),
+			Env: stages.AgentEnv(environ, home, extra, false), User: user,
+			BaseURL: mts.URL + "/v1", APIKey: openAIKey, Prices: codexPrices, MaxBudgetUSD: s.budget, Retries: -1,
+		})
+	default:
+		ag = claude.New(claude.Config{
+			Bin: filepath.Join(bin, "claude"), Dir: repo, Env: stages.AgentEnv(environ, home, extra, false),
+			User: user, MaxTurns: s.maxTurns, MaxBudgetUSD: s.budget,
+		})
+	}
 	h.opts = stages.Options{
-		Task:     stages.Task{ID: taskID, Repo: s.repo, BaseBranch: "main", Prompt: demoPrompt, TraceParent: traceParent},
+		Task:     stages.Task{ID: taskID, Repo: s.repo, BaseBranch: "main", Prompt: demoPrompt, TraceParent: traceParent, MaxBudgetUSD: s.budget},
 		Reporter: h.rep,
 		Tokens:   h.tokens,
-		Agent: claude.New(claude.Config{
-			Bin: filepath.Join(bin, "claude"), Dir: repo, Env: stages.AgentEnv(environ, home, extra, false),
-			User: user, MaxTurns: s.maxTurns,
-		}),
+		Agent:    ag,
 		Workspace: workspace.New(workspace.Config{
 			Dir: repo, Env: stages.BaseEnv(environ, home, extra), User: user, TaskID: taskID, BaseBranch: "main",
 		}),
-		OpenSpecBin: filepath.Join(bin, "openspec"),
-		Redactor:    red,
-		Logger:      slog.New(slog.NewTextHandler(slogTestWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		HTTPClient:  fts.Client(),
+		OpenSpecBin:  filepath.Join(bin, "openspec"),
+		OpenSpecTool: s.agent,
+		Redactor:     red,
+		Logger:       slog.New(slog.NewTextHandler(slogTestWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		HTTPClient:   fts.Client(),
 	}
 	return h
 }
@@ -313,9 +343,12 @@ func eventsJSON(t *testing.T, evs []*taskrunnerv1.Event) string {
 	return b.String()
 }
 
-// recordedTotals reads the real CLI's recorded result lines of the demo: the session cost
-// after the last stage and the tokens summed over the stages.
-func recordedTotals(t *testing.T) (cost float64, in, out int64) {
+// recordedTotals reads the real CLI's recorded output of the demo: the session cost after the
+// last stage and the tokens summed over the stages.
+func recordedTotals(t *testing.T, agentName string) (cost float64, in, out int64) {
+	if agentName == agentCodex {
+		return recordedCodexTotals(t)
+	}
 	for _, stage := range []string{"explore", "propose", "apply", "archive"} {
 		b, err := os.ReadFile(filepath.Join("../../tools/modelapi/testdata/recorded", stage+".jsonl"))
 		require.NoError(t, err)
@@ -335,9 +368,45 @@ func recordedTotals(t *testing.T) (cost float64, in, out int64) {
 	return cost, in, out
 }
 
+// recordedCodexTotals reads the real Codex CLI's recorded JSONL of the demo: a resumed thread's
+// turn.completed is cumulative, so the last stage's usage is the whole task's, priced with
+// codexPrices.
+func recordedCodexTotals(t *testing.T) (cost float64, in, out int64) {
+	b, err := os.ReadFile("../agent/codex/testdata/recorded/archive.jsonl")
+	require.NoError(t, err)
+	var u *codex.Usage
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		ev, err := codex.ParseLine([]byte(line))
+		require.NoError(t, err)
+		if ev.Usage != nil {
+			u = ev.Usage
+		}
+	}
+	require.NotNil(t, u)
+	return codexPrices.Cost(*u), u.InputTokens, u.OutputTokens
+}
+
+// demoScript is each agent's demo script; initFile a file `openspec init --tools <agent>` writes.
+var demo = map[string]struct{ script, initFile string }{
+	agentClaude: {"../../tools/demo/claude-demo.yaml", ".claude/commands/opsx/apply.md"},
+	agentCodex:  {"../../tools/demo/codex-demo.yaml", ".agents/skills/openspec-apply-change/SKILL.md"},
+}
+
 func TestEndToEndDemo(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, setup{script: "../../tools/demo/claude-demo.yaml"})
+	for _, agentName := range []string{agentClaude, agentCodex} {
+		t.Run(agentName, func(t *testing.T) {
+			t.Parallel()
+			testEndToEndDemo(t, agentName)
+		})
+	}
+}
+
+func testEndToEndDemo(t *testing.T, agentName string) {
+	h := newHarness(t, setup{agent: agentName, script: demo[agentName].script})
 	out := h.run(context.Background())
 	require.Equal(t, stages.StatusCompleted, out.Status, out.Reason)
 
@@ -362,7 +431,7 @@ func TestEndToEndDemo(t *testing.T) {
 	require.Regexp(t, `openspec/changes/archive/\d{4}-\d{2}-\d{2}-add-farewell/proposal\.md`, files)
 	require.Contains(t, files, "openspec/specs/greet/spec.md")
 	require.NotContains(t, files, "openspec/changes/add-farewell/")
-	require.Contains(t, files, ".claude/commands/opsx/apply.md", "openspec init is part of the change")
+	require.Contains(t, files, demo[agentName].initFile, "openspec init is part of the change")
 	require.Equal(t, "taskrunner", strings.TrimSpace(h.git("log", "-1", "--format=%an", branch)))
 	require.Contains(t, h.git("log", "-1", "--format=%B", branch), "Task: "+h.taskID)
 
@@ -387,8 +456,9 @@ func TestEndToEndDemo(t *testing.T) {
 	require.Equal(t, want.Deletions, ds.GetDeletions())
 	require.Equal(t, want.FilesChanged, ds.GetFilesChanged())
 
-	cost, in, outTok := recordedTotals(t)
+	cost, in, outTok := recordedTotals(t, agentName)
 	u := last(evs, (*taskrunnerv1.Event).GetUsage, func(e *taskrunnerv1.Event) bool { return e.GetUsage() != nil })
+	require.Positive(t, cost)
 	require.InDelta(t, cost, u.GetCostUsd(), 1e-9)
 	require.Equal(t, in, u.GetTokensIn())
 	require.Equal(t, outTok, u.GetTokensOut())
@@ -404,6 +474,7 @@ func TestEndToEndDemo(t *testing.T) {
 		require.NotContains(t, all, tok)
 	}
 	require.NotContains(t, all, "sk-ant-test-key")
+	require.NotContains(t, all, openAIKey)
 	noProcess(t, h.opts.Workspace.Dir())
 }
 
@@ -459,6 +530,50 @@ func TestFailures(t *testing.T) {
 			trigger: func(h *harness, _ chan struct{}) { h.rep.cancel <- "user pressed cancel" },
 			status:  stages.StatusCancelled,
 			reason:  []string{"user pressed cancel"},
+		},
+		{
+			name:   "codex turn failed",
+			setup:  setup{agent: agentCodex, script: "testdata/codex-turn-failed.yaml"},
+			status: stages.StatusFailed,
+			reason: []string{"explore stage: codex: turn failed:", "scripted stream failure"},
+		},
+		{
+			name:   "codex HTTP error",
+			setup:  setup{agent: agentCodex, script: "testdata/codex-http-error.yaml"},
+			status: stages.StatusFailed,
+			reason: []string{"explore stage: codex: turn failed: invalid_request_error: scripted bad request"},
+		},
+		{
+			name:      "codex deadline mid-stage",
+			setup:     setup{agent: agentCodex, script: "testdata/codex-hang.yaml"},
+			prompt:    "4444 wait",
+			hangsOn:   "> Bash: sleep 4444",
+			trigger:   func(_ *harness, expired chan struct{}) { close(expired) },
+			status:    stages.StatusFailed,
+			reason:    []string{"timeout"},
+			draftWith: "partial.txt",
+		},
+		{
+			name:    "codex cancel",
+			setup:   setup{agent: agentCodex, script: "testdata/codex-hang.yaml"},
+			prompt:  "4545 wait",
+			hangsOn: "> Bash: sleep 4545",
+			trigger: func(h *harness, _ chan struct{}) { h.rep.cancel <- "user pressed cancel" },
+			status:  stages.StatusCancelled,
+			reason:  []string{"user pressed cancel"},
+		},
+		{
+			name:   "codex exits non-zero",
+			setup:  setup{agent: agentCodex, script: "testdata/codex-exit.yaml"},
+			status: stages.StatusFailed,
+			reason: []string{"explore stage: codex: killed by signal 15 (terminated)"},
+		},
+		{
+			name:      "codex budget exceeded",
+			setup:     setup{agent: agentCodex, script: "testdata/codex-budget.yaml", budget: 0.05},
+			status:    stages.StatusFailed,
+			reason:    []string{"explore stage: codex: budget exceeded (token cost 0.0560 USD of 0.0500 USD)"},
+			draftWith: "notes.md",
 		},
 		{
 			name: "token refused",

@@ -1,7 +1,8 @@
-// Package modelapi is a scripted stand-in for the Anthropic Messages API: it answers
-// POST /v1/messages (streaming SSE or plain JSON) from a YAML script, so the real
-// Claude Code CLI, started with ANTHROPIC_BASE_URL pointing at it, runs real tools
-// (Read, Write, Edit, Bash) against a real workspace in tests and demos.
+// Package modelapi is a scripted stand-in for the Anthropic Messages API and the OpenAI
+// Responses API: it answers POST /v1/messages and POST /v1/responses (streaming SSE or
+// plain JSON) from a YAML script, so the real Claude Code CLI (ANTHROPIC_BASE_URL pointing
+// at it) and the real Codex CLI (a model provider with base_url <server>/v1 and
+// wire_api "responses") run real tools against a real workspace in tests and demos.
 //
 // It is for tests and the offline demo only and must never be used in production:
 // it has no authentication, it ignores the model, max_tokens and every sampling

@@ -31,6 +31,13 @@ import (
 // A turn is either a list of blocks or a mapping with `blocks` or `error`. Strings in
 // text blocks and tool inputs are Go text/template templates over the variables; the
 // variable `workspace` is the CLI's working directory taken from its environment text.
+//
+// The same script format drives the OpenAI Responses API (POST /v1/responses, used by the
+// Codex CLI): a text block becomes a `message` output item, a tool_use block a
+// `function_call` item whose arguments are the JSON of its input (Codex's shell tool is
+// `exec_command` with `{cmd: "…"}`), and a `custom` block a `custom_tool_call` item whose
+// input is a raw string (Codex's `apply_patch`). An error with `in_stream: true` is sent
+// as a `response.failed` event of an HTTP 200 stream instead of an HTTP error status.
 type Script struct {
 	Vars   map[string]string `yaml:"vars"`
 	Stages []Stage           `yaml:"stages"`
@@ -51,6 +58,9 @@ type Stage struct {
 type Usage struct {
 	InputTokens  int `yaml:"input_tokens" json:"input_tokens"`
 	OutputTokens int `yaml:"output_tokens" json:"output_tokens"`
+	// CachedInputTokens is the part of InputTokens read from the prompt cache (Responses
+	// API only: input_tokens_details.cached_tokens).
+	CachedInputTokens int `yaml:"cached_input_tokens" json:"-"`
 }
 
 // defaultUsage is reported when a stage has none, so the CLI always reports a non-zero cost.
@@ -66,6 +76,15 @@ type Turn struct {
 type Block struct {
 	Text    *string  `yaml:"text"`
 	ToolUse *ToolUse `yaml:"tool_use"`
+	// Custom is a freeform tool call (Responses API only).
+	Custom *CustomTool `yaml:"custom"`
+}
+
+// CustomTool asks the CLI to run a freeform tool with a raw string input, e.g. Codex's
+// apply_patch with a patch.
+type CustomTool struct {
+	Name  string `yaml:"name"`
+	Input string `yaml:"input"`
 }
 
 // ToolUse asks the CLI to run one of its tools (Write, Edit, Read, Bash, …).
@@ -81,6 +100,9 @@ type ErrorReply struct {
 	Message string `yaml:"message"`
 	// NoRetry sets `x-should-retry: false`, which tells the client SDK not to retry.
 	NoRetry bool `yaml:"no_retry"`
+	// InStream sends the error as a `response.failed` event in an HTTP 200 stream
+	// (Responses API only; the Messages API answers with Status regardless).
+	InStream bool `yaml:"in_stream"`
 }
 
 // UnmarshalYAML accepts both the short form (a list of blocks) and the mapping form.
@@ -148,6 +170,9 @@ func (t Turn) check() error {
 		if len(t.Blocks) > 0 {
 			return errors.New("a turn has either blocks or an error, not both")
 		}
+		if t.Error.InStream && t.Error.Status == 0 {
+			return nil
+		}
 		if t.Error.Status < 400 || t.Error.Status > 599 {
 			return fmt.Errorf("error status %d is not an HTTP error status", t.Error.Status)
 		}
@@ -158,13 +183,25 @@ func (t Turn) check() error {
 	}
 	for k, b := range t.Blocks {
 		switch {
-		case (b.Text == nil) == (b.ToolUse == nil):
-			return fmt.Errorf("block %d: set exactly one of text and tool_use", k)
+		case count(b.Text != nil, b.ToolUse != nil, b.Custom != nil) != 1:
+			return fmt.Errorf("block %d: set exactly one of text, tool_use and custom", k)
 		case b.ToolUse != nil && b.ToolUse.Name == "":
 			return fmt.Errorf("block %d: tool_use without a name", k)
+		case b.Custom != nil && b.Custom.Name == "":
+			return fmt.Errorf("block %d: custom without a name", k)
 		}
 	}
 	return nil
+}
+
+func count(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 // match finds the first stage whose regexp matches the prompt and returns it with the
@@ -202,6 +239,9 @@ func (t Turn) render(vars map[string]string) ([]contentBlock, error) {
 			}
 			out = append(out, contentBlock{Type: "text", Text: txt})
 			continue
+		}
+		if b.Custom != nil {
+			return nil, fmt.Errorf("custom tool %s: freeform tool calls exist only in the Responses API", b.Custom.Name)
 		}
 		in, err := expandAny(b.ToolUse.Input, vars)
 		if err != nil {

@@ -17,7 +17,7 @@ type Request struct {
 	Method string
 	Path   string // path with query, e.g. /v1/messages?beta=true
 	// Stage is the name of the matched stage, empty when none matched or the
-	// path is not /v1/messages.
+	// path is not /v1/messages or /v1/responses.
 	Stage string
 	// Turn is the index of the scripted turn answered; -1 when there is none.
 	Turn   int
@@ -27,7 +27,7 @@ type Request struct {
 	Prompt string
 }
 
-// Server answers Anthropic Messages API requests from a Script. It is an
+// Server answers Anthropic Messages API and OpenAI Responses API requests from a Script. It is an
 // http.Handler and safe for concurrent use.
 type Server struct {
 	script *Script
@@ -58,7 +58,7 @@ func (s *Server) record(r Request) {
 		"turn", r.Turn, "status", r.Status, "stream", r.Stream, "prompt", r.Prompt)
 }
 
-// ServeHTTP routes POST /v1/messages and /v1/messages/count_tokens; anything else is
+// ServeHTTP routes POST /v1/messages, /v1/messages/count_tokens and /v1/responses; anything else is
 // logged and answered with an empty JSON object so a start-up probe cannot fail the CLI.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := Request{Method: r.Method, Path: r.URL.RequestURI(), Turn: -1}
@@ -67,6 +67,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/messages":
 		rec.Status = s.messages(w, r, &rec)
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/responses":
+		rec.Status = s.responses(w, r, &rec)
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/messages/count_tokens":
 		body, _ := io.ReadAll(r.Body)
 		rec.Status = writeJSON(w, http.StatusOK, map[string]any{"input_tokens": len(body)/4 + 1})

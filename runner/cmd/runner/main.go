@@ -14,7 +14,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/agent/claude"
+	"github.com/taskrunner/taskrunner/runner/agent/codex"
 	"github.com/taskrunner/taskrunner/runner/config"
 	"github.com/taskrunner/taskrunner/runner/eventsclient"
 	"github.com/taskrunner/taskrunner/runner/proc"
@@ -124,17 +126,21 @@ func run() int {
 	if err != nil {
 		return failEarly(err.Error())
 	}
-	claudeBin, err := exec.LookPath(cfg.ClaudeBin)
+	agentBinVar, agentBin := "TASKRUNNER_CLAUDE_BIN", cfg.ClaudeBin
+	if cfg.Agent == config.AgentCodex {
+		agentBinVar, agentBin = "TASKRUNNER_CODEX_BIN", cfg.CodexBin
+	}
+	agentBin, err = exec.LookPath(agentBin)
 	if err != nil {
-		return failEarly("TASKRUNNER_CLAUDE_BIN: " + err.Error())
+		return failEarly(agentBinVar + ": " + err.Error())
 	}
 	openspecBin, err := exec.LookPath(cfg.OpenSpecBin)
 	if err != nil {
 		return failEarly("TASKRUNNER_OPENSPEC_BIN: " + err.Error())
 	}
-	claudeBin, _ = filepath.Abs(claudeBin)
+	agentBin, _ = filepath.Abs(agentBin)
 	openspecBin, _ = filepath.Abs(openspecBin)
-	extraPath := []string{filepath.Dir(openspecBin), filepath.Dir(claudeBin)}
+	extraPath := []string{filepath.Dir(openspecBin), filepath.Dir(agentBin)}
 
 	conn, err := grpc.NewClient(cfg.TokenAddr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg.Clone())))
 	if err != nil {
@@ -149,23 +155,44 @@ func run() int {
 		Dir: repo, Git: cfg.GitBin, Env: stages.BaseEnv(environ, home, extraPath), User: user,
 		TaskID: cfg.TaskID, BaseBranch: cfg.BaseBranch,
 	})
-	agent := claude.New(claude.Config{
-		Bin: claudeBin, Dir: repo, Env: stages.AgentEnv(environ, home, extraPath, asRoot && user == nil),
-		User: user, MaxTurns: cfg.MaxTurns, MaxBudgetUSD: cfg.MaxBudgetUSD,
-	})
+	agentEnv := stages.AgentEnv(environ, home, extraPath, asRoot && user == nil)
+	runAgent := newAgent(cfg, agentBin, repo, home, agentEnv, user, os.Getenv("OPENAI_API_KEY"))
 	out := stages.Run(ctx, stages.Options{
 		Task: stages.Task{
 			ID: cfg.TaskID, Repo: cfg.Repo, BaseBranch: cfg.BaseBranch, Prompt: cfg.Prompt,
 			TraceParent: cfg.TraceParent, Deadline: cfg.DeadlineTime(), MaxBudgetUSD: cfg.MaxBudgetUSD,
 		},
-		Reporter: events, Tokens: tokens, Agent: agent, Workspace: ws,
-		OpenSpecBin: openspecBin, OpenSpecTool: "claude", Redactor: red, Logger: log,
+		Reporter: events, Tokens: tokens, Agent: runAgent, Workspace: ws,
+		OpenSpecBin: openspecBin, OpenSpecTool: cfg.Agent, Redactor: red, Logger: log,
 	})
 	log.Info("runner finished", "status", out.Status.String(), "reason", out.Reason, "pr_url", out.PRURL)
 	if out.Status == stages.StatusFailed {
 		return exitFailed
 	}
 	return exitOK
+}
+
+// newAgent builds the adapter TASKRUNNER_AGENT names.
+func newAgent(cfg config.Config, bin, repo, home string, env []string, user *proc.User, openAIKey string) agent.Agent {
+	if cfg.Agent != config.AgentCodex {
+		return claude.New(claude.Config{
+			Bin: bin, Dir: repo, Env: env,
+			User: user, MaxTurns: cfg.MaxTurns, MaxBudgetUSD: cfg.MaxBudgetUSD,
+		})
+	}
+	codexHome := cfg.CodexHome
+	if codexHome == "" {
+		codexHome = filepath.Join(home, ".codex")
+	}
+	return codex.New(codex.Config{
+		Bin: bin, Dir: repo, Home: codexHome, Env: env, User: user,
+		BaseURL: cfg.CodexBaseURL, Model: cfg.CodexModel, APIKey: openAIKey,
+		Prices: codex.Prices{
+			InputPerMTok: cfg.CodexPriceInputPerMTok, CachedInputPerMTok: cfg.CodexPriceCachedInputPerMTok,
+			OutputPerMTok: cfg.CodexPriceOutputPerMTok,
+		},
+		MaxBudgetUSD: cfg.MaxBudgetUSD,
+	})
 }
 
 func levelOf(s string) (slog.Level, error) {

@@ -10,6 +10,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/taskrunner/taskrunner/runner/agent/claude"
+	"github.com/taskrunner/taskrunner/runner/agent/codex"
+	"github.com/taskrunner/taskrunner/runner/config"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,6 +43,7 @@ func TestBadEnvironment(t *testing.T) {
 		want []string
 	}{
 		{name: "nothing set", env: []string{"PATH=" + os.Getenv("PATH")}, want: []string{"TASKRUNNER_TASK_ID", "TASKRUNNER_REPO", "TASKRUNNER_PROMPT", "TASKRUNNER_EVENTS_ADDR"}},
+		{name: "unknown agent", env: append(append([]string(nil), valid...), "TASKRUNNER_AGENT=gemini"), want: []string{"TASKRUNNER_AGENT"}},
 		{name: "turns not a number", env: append(append([]string(nil), valid...), "TASKRUNNER_MAX_TURNS=lots"), want: []string{"TASKRUNNER_MAX_TURNS"}},
 		{name: "bad deadline", env: append(append([]string(nil), valid...), "TASKRUNNER_DEADLINE=soon"), want: []string{"TASKRUNNER_DEADLINE"}},
 		{name: "certificate is not PEM", env: valid, want: []string{"TASKRUNNER_TLS_CERT_"}},
@@ -58,4 +63,10 @@ func TestBadEnvironment(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestNewAgentFollowsTASKRUNNER_AGENT(t *testing.T) {
+	require.IsType(t, &claude.Adapter{}, newAgent(config.Config{Agent: config.AgentClaude}, "claude", "/w/repo", "/w/home", nil, nil, ""))
+	a := newAgent(config.Config{Agent: config.AgentCodex, CodexModel: "m", CodexBaseURL: "http://x/v1"}, "codex", "/w/repo", "/w/home", nil, nil, "k")
+	require.IsType(t, &codex.Adapter{}, a)
 }
