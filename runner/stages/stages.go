@@ -9,13 +9,17 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/pr"
 	"github.com/taskrunner/taskrunner/runner/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
 	"github.com/taskrunner/taskrunner/runner/workspace"
-
-	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
 
 // Task is what the runner was asked to do.
@@ -112,6 +116,8 @@ type run struct {
 	tokensIn  int64
 	tokensOut int64
 }
+
+var tracer = otel.Tracer("github.com/taskrunner/taskrunner/runner/stages")
 
 // Run performs the task and reports everything through opts.Reporter, ending with exactly one
 // terminal event (Completed, Failed or Cancelled), which it also returns. Cancelling ctx with
@@ -281,7 +287,16 @@ func (r *run) work(ctx context.Context) (pr.Opened, error) {
 				return pr.Opened{}, errors.New("the propose stage produced no OpenSpec change under openspec/changes/")
 			}
 		}
-		res, err := r.opts.Agent.RunStage(ctx, req, observer{r})
+		sctx, span := tracer.Start(ctx, "stage."+StageName(stage), trace.WithAttributes(
+			attribute.String("taskrunner.task_id", r.task.ID), attribute.String("taskrunner.stage", StageName(stage))))
+		res, err := r.opts.Agent.RunStage(sctx, req, observer{r})
+		span.SetAttributes(attribute.Float64("taskrunner.cost_usd", res.CostUSD), attribute.Int64("taskrunner.tokens_in", res.TokensIn),
+			attribute.Int64("taskrunner.tokens_out", res.TokensOut))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
 		r.account(stage, res)
 		if stage != taskrunnerv1.TaskStage_TASK_STAGE_ARCHIVE || err != nil {
 			r.sendUsage()

@@ -102,7 +102,7 @@ func startStack(t *testing.T) *stack {
 	suffix := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
 	dbURL := regexp.MustCompile(`/[^/?]*(\?|$)`).ReplaceAllString(storetest.DatabaseURL(), "/taskrunner_e2e_"+suffix+"$1")
 	ports := map[string]string{}
-	for _, k := range []string{"http", "grpc", "runner", "forge", "model", "metrics", "ui", "otlp", "otlpgrpc", "query"} {
+	for _, k := range []string{"http", "grpc", "runner", "forge", "model", "codex", "metrics", "ui", "otlp", "otlpgrpc", "query"} {
 		ports[k] = freePort(t)
 	}
 	s := &stack{t: t, dev: dev, api: "http://127.0.0.1:" + ports["http"], forgeURL: "http://127.0.0.1:" + ports["forge"],
@@ -113,7 +113,8 @@ func startStack(t *testing.T) *stack {
 		"TASKRUNNER_DATABASE_URL="+dbURL, "TASKRUNNER_REDIS_URL="+storetest.RedisURL(), "TASKRUNNER_REDIS_PREFIX=e2e-"+suffix+":",
 		"TASKRUNNER_HTTP_ADDR=127.0.0.1:"+ports["http"], "TASKRUNNER_GRPC_ADDR=127.0.0.1:"+ports["grpc"],
 		"TASKRUNNER_RUNNER_GRPC_ADDR=127.0.0.1:"+ports["runner"], "DEVSTACK_FORGE_ADDR=127.0.0.1:"+ports["forge"],
-		"DEVSTACK_MODELAPI_ADDR=127.0.0.1:"+ports["model"], "TASKRUNNER_METRICS_ADDR="+s.metricsAddr,
+		"DEVSTACK_MODELAPI_ADDR=127.0.0.1:"+ports["model"], "DEVSTACK_CODEX_MODELAPI_ADDR=127.0.0.1:"+ports["codex"],
+		"TASKRUNNER_METRICS_ADDR="+s.metricsAddr, "OPENAI_API_KEY=",
 		"JAEGER_UI_PORT="+ports["ui"], "JAEGER_OTLP_HTTP_PORT="+ports["otlp"], "JAEGER_OTLP_GRPC_PORT="+ports["otlpgrpc"],
 		"JAEGER_QUERY_GRPC_PORT="+ports["query"], "ANTHROPIC_API_KEY=", "TASKRUNNER_GITHUB_APP_ID=", "TASKRUNNER_GITHUB_TOKEN=",
 		"OTEL_EXPORTER_OTLP_ENDPOINT=", "TASKRUNNER_REAPER_INTERVAL=2s")

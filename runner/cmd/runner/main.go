@@ -11,9 +11,15 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/agent/claude"
 	"github.com/taskrunner/taskrunner/runner/agent/codex"
@@ -24,8 +30,7 @@ import (
 	"github.com/taskrunner/taskrunner/runner/repotoken"
 	"github.com/taskrunner/taskrunner/runner/stages"
 	"github.com/taskrunner/taskrunner/runner/workspace"
-
-	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -50,9 +55,9 @@ func run() int {
 		return exitConfig
 	}
 	level, _ := levelOf(cfg.LogLevel)
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("task_id", cfg.TaskID)
-	if id := cfg.TraceID(); id != "" {
-		log = log.With("trace_id", id)
+	log := slog.New(telemetry.Handler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))).With("task_id", cfg.TaskID)
+	if id := cfg.TraceID(); id != "" && !telemetry.Exporting() {
+		log = log.With("trace_id", id) // with an SDK exporting, the handler adds trace and span ids
 	}
 	patterns, _ := cfg.RedactRegexps()
 	red, err := redact.New(patterns)
@@ -69,7 +74,25 @@ func run() int {
 		return exitConfig
 	}
 
-	ctx, cancel := context.WithCancelCause(context.Background())
+	// One trace per task: the runner span continues the dispatch trace
+	// handed over in TRACEPARENT, and every RPC, git and GitHub call below
+	// is its descendant.
+	tel, err := telemetry.Setup(context.Background(), "runner")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runner: invalid configuration: OTEL_* variables:", err)
+		return exitConfig
+	}
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		_ = tel.Shutdown(sctx)
+	}()
+	base, span := otel.Tracer("github.com/taskrunner/taskrunner/runner").Start(
+		telemetry.ContextFromTraceparent(context.Background(), cfg.TraceParent), "runner",
+		trace.WithAttributes(attribute.String("taskrunner.task_id", cfg.TaskID), attribute.String("taskrunner.repo", cfg.Repo),
+			attribute.String("taskrunner.agent", string(cfg.Agent))))
+	defer span.End()
+	ctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -82,8 +105,10 @@ func run() int {
 		}
 	}()
 
+	rpcTel := grpc.WithStatsHandler(otelgrpc.NewClientHandler())
 	events, err := eventsclient.New(eventsclient.Config{
 		Addr: cfg.EventsAddr, TLS: tlsCfg.Clone(), TaskID: cfg.TaskID, RunnerVersion: version, Logger: log,
+		DialOptions: []grpc.DialOption{rpcTel},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "runner: events client:", err)
@@ -142,12 +167,13 @@ func run() int {
 	openspecBin, _ = filepath.Abs(openspecBin)
 	extraPath := []string{filepath.Dir(openspecBin), filepath.Dir(agentBin)}
 
-	conn, err := grpc.NewClient(cfg.TokenAddr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg.Clone())))
+	conn, err := grpc.NewClient(cfg.TokenAddr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg.Clone())), rpcTel)
 	if err != nil {
 		return failEarly("GitHubTokenService: " + err.Error())
 	}
 	defer conn.Close()
-	tokens := repotoken.NewCached(repotoken.NewGRPC(conn, cfg.TaskID, cfg.TraceParent), nil,
+	// otelgrpc propagates the trace context; no explicit traceparent needed.
+	tokens := repotoken.NewCached(repotoken.NewGRPC(conn, cfg.TaskID, ""), nil,
 		func(t repotoken.Token) { red.AddLiteral(t.Value) })
 
 	environ := os.Environ()
@@ -165,7 +191,11 @@ func run() int {
 		Reporter: events, Tokens: tokens, Agent: runAgent, Workspace: ws,
 		OpenSpecBin: openspecBin, OpenSpecTool: cfg.Agent, Redactor: red, Logger: log,
 	})
-	log.Info("runner finished", "status", out.Status.String(), "reason", out.Reason, "pr_url", out.PRURL)
+	log.InfoContext(ctx, "runner finished", "status", out.Status.String(), "reason", out.Reason, "pr_url", out.PRURL)
+	span.SetAttributes(attribute.String("taskrunner.outcome", out.Status.String()), attribute.String("taskrunner.pr_url", out.PRURL))
+	if out.Status == stages.StatusFailed {
+		span.SetStatus(codes.Error, out.Reason)
+	}
 	if out.Status == stages.StatusFailed {
 		return exitFailed
 	}

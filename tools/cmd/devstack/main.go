@@ -113,12 +113,13 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 	runnerAddr := envOr("TASKRUNNER_RUNNER_GRPC_ADDR", "127.0.0.1:7443")
 	forgeAddr := envOr("DEVSTACK_FORGE_ADDR", "127.0.0.1:3080")
 	modelAddr := envOr("DEVSTACK_MODELAPI_ADDR", "127.0.0.1:8089")
+	codexAddr := envOr("DEVSTACK_CODEX_MODELAPI_ADDR", "127.0.0.1:8090")
 	logDir := filepath.Join(*dir, "logs")
 	o := devstack.Options{Dir: *dir, AllowInstall: true, Logger: logger}
 	s := &stack{logger: logger}
 	defer s.stop()
 	for name, addr := range map[string]string{"TASKRUNNER_HTTP_ADDR": httpAddr, "TASKRUNNER_GRPC_ADDR": grpcAddr,
-		"TASKRUNNER_RUNNER_GRPC_ADDR": runnerAddr, "DEVSTACK_FORGE_ADDR": forgeAddr, "DEVSTACK_MODELAPI_ADDR": modelAddr} {
+		"TASKRUNNER_RUNNER_GRPC_ADDR": runnerAddr, "DEVSTACK_FORGE_ADDR": forgeAddr, "DEVSTACK_MODELAPI_ADDR": modelAddr, "DEVSTACK_CODEX_MODELAPI_ADDR": codexAddr} {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("%s: %s is in use (is another `make run` still running?): %w", name, addr, err)
@@ -209,6 +210,20 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		}
 		modelURL = "http://" + modelAddr + " (scripted demo model)"
 		env = append(env, "ANTHROPIC_BASE_URL=http://"+modelAddr, "ANTHROPIC_API_KEY=offline-demo-key")
+	}
+	// Codex speaks the OpenAI Responses API: a second scripted server with
+	// the Codex demo script, unless OPENAI_API_KEY selects the real one.
+	if os.Getenv("OPENAI_API_KEY") == "" {
+		cx, err := devstack.Start("modelapi-codex", logDir, bin("modelapi"), []string{"--addr", codexAddr, "--script", filepath.Join(root, "tools", "demo", "codex-demo.yaml")}, nil)
+		if err != nil {
+			return err
+		}
+		s.procs = append(s.procs, cx)
+		if err := cx.WaitReady(ctx, 20*time.Second, tcpReady(codexAddr)); err != nil {
+			return err
+		}
+		modelURL += ", http://" + codexAddr + "/v1 (scripted Codex model)"
+		env = append(env, "OPENAI_BASE_URL=http://"+codexAddr+"/v1", "OPENAI_API_KEY=offline-demo-key")
 	}
 
 	// GitHub: the real one when App or token settings are given, otherwise
@@ -356,6 +371,8 @@ taskrunner is up.
 Start the demo task (creates and dispatches it; the agent adds --farewell to demo/greet):
 
   curl -s -X POST http://%[1]s/v1/tasks -H 'Authorization: Bearer %[3]s' -d '{"repo":"demo/greet","prompt":"Add a --farewell flag to greet","dispatch":true}'
+
+The same with Codex: add "agent":"AGENT_CODEX" to the JSON body.
 
 Follow it live:
 
