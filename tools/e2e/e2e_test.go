@@ -383,11 +383,20 @@ func checkTrace(t *testing.T, s *stack, traceID string) {
 	require.NotEqual(t, byOp["runner"].ProcessID, byOp["sandbox.create"].ProcessID, "parent and child live in different processes")
 }
 
-func metricValue(t *testing.T, body, name string) float64 {
+// metricValue sums the samples of a Prometheus metric whose labels contain
+// every one of labels (e.g. `status="done"`).
+func metricValue(t *testing.T, body, name string, labels ...string) float64 {
 	var total float64
 	found := false
 	for _, l := range strings.Split(body, "\n") {
-		if strings.HasPrefix(l, name) && !strings.HasPrefix(l, "#") {
+		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
+			continue
+		}
+		match := true
+		for _, lb := range labels {
+			match = match && strings.Contains(l, lb)
+		}
+		if match {
 			f := strings.Fields(l)
 			v, err := strconv.ParseFloat(f[len(f)-1], 64)
 			if err == nil {
@@ -409,8 +418,8 @@ func checkMetrics(t *testing.T, s *stack) {
 		return string(b)
 	}
 	m := get("http://" + s.metricsAddr + "/metrics")
-	require.GreaterOrEqual(t, metricValue(t, m, `taskrunner_tasks{`), 1.0)
-	require.GreaterOrEqual(t, metricValue(t, m, `taskrunner_tasks{status="done"`), 1.0)
+	require.GreaterOrEqual(t, metricValue(t, m, "taskrunner_tasks"), 1.0)
+	require.GreaterOrEqual(t, metricValue(t, m, "taskrunner_tasks", `status="done"`), 1.0)
 	require.Greater(t, metricValue(t, m, "taskrunner_events_ingested_total"), 10.0)
 	require.GreaterOrEqual(t, metricValue(t, m, "taskrunner_dispatch_latency_seconds_count"), 1.0)
 	metricValue(t, m, "taskrunner_queue_depth")

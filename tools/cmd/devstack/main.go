@@ -183,7 +183,7 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		uiPort, otlpPort, grpcPort, queryPort := envOr("JAEGER_UI_PORT", "16686"), envOr("JAEGER_OTLP_HTTP_PORT", "4318"),
 			envOr("JAEGER_OTLP_GRPC_PORT", "4317"), envOr("JAEGER_QUERY_GRPC_PORT", "16685")
 		jg, err := devstack.Start("jaeger", logDir, bin("jaeger"), []string{"--config", filepath.Join(root, "tools", "jaeger", "config.yaml")},
-			[]string{"JAEGER_UI_PORT=" + uiPort, "JAEGER_OTLP_HTTP_PORT=" + otlpPort, "JAEGER_OTLP_GRPC_PORT=" + grpcPort, "JAEGER_QUERY_GRPC_PORT=" + queryPort})
+			[]string{"OTEL_TRACES_EXPORTER=none", "OTEL_SDK_DISABLED=true", "JAEGER_UI_PORT=" + uiPort, "JAEGER_OTLP_HTTP_PORT=" + otlpPort, "JAEGER_OTLP_GRPC_PORT=" + grpcPort, "JAEGER_QUERY_GRPC_PORT=" + queryPort})
 		if err != nil {
 			return err
 		}
