@@ -110,12 +110,12 @@ func (a *Adapter) RunStage(ctx context.Context, req agent.StageRequest, obs agen
 
 	st := &stream{dir: a.cfg.Dir, obs: obs}
 	cmd := proc.Command(ctx, a.cfg.User, a.cfg.Dir, a.cfg.Env, a.cfg.Bin, a.Args(prompt, resume)...)
-	stdout := &lineWriter{fn: st.line}
-	stderr := &lineWriter{fn: st.stderrLine}
+	stdout := &agent.LineWriter{Fn: st.line}
+	stderr := &agent.LineWriter{Fn: st.stderrLine}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	runErr := cmd.Run()
-	stdout.flush()
-	stderr.flush()
+	stdout.Flush()
+	stderr.Flush()
 	if cmd.Process != nil {
 		// Nothing the agent started may outlive its stage.
 		proc.KillTree(cmd.Process.Pid)
@@ -187,7 +187,7 @@ func (s *stream) line(b []byte) {
 	}
 	m, err := ParseLine(b)
 	if err != nil {
-		s.obs.Log("malformed agent output: " + clip(string(b), 200))
+		s.obs.Log("malformed agent output: " + agent.Clip(string(b), 200))
 		return
 	}
 	s.mu.Lock()
@@ -207,7 +207,7 @@ func (s *stream) line(b []byte) {
 		for _, b := range m.Blocks {
 			switch b.Type {
 			case "text":
-				s.obs.Log(limitLines(b.Text, maxBlockLines)...)
+				s.obs.Log(agent.LimitLines(b.Text, maxBlockLines)...)
 			case "tool_use":
 				s.toolUse(b)
 			}
@@ -217,7 +217,7 @@ func (s *stream) line(b []byte) {
 			if b.Type != "tool_result" {
 				continue
 			}
-			lines := limitLines(b.Text, maxBlockLines)
+			lines := agent.LimitLines(b.Text, maxBlockLines)
 			if b.IsError && len(lines) > 0 {
 				lines[0] = "tool error: " + lines[0]
 			}
@@ -229,7 +229,7 @@ func (s *stream) line(b []byte) {
 	case "result":
 		r := m.Result
 		if r.Failed() {
-			s.obs.Log("stage failed: " + clip(r.Reason(), 500))
+			s.obs.Log("stage failed: " + agent.Clip(r.Reason(), 500))
 		} else {
 			s.obs.Log(fmt.Sprintf("stage done: %d turns, session cost %.4f USD", r.NumTurns, r.TotalCostUSD))
 		}
@@ -243,7 +243,7 @@ func (s *stream) toolUse(b Block) {
 		return
 	}
 	if c := b.ToolCommand(); c != "" {
-		s.obs.Log("> Bash: " + clip(firstLine(c), 300))
+		s.obs.Log("> Bash: " + agent.Clip(agent.FirstLine(c), 300))
 		s.obs.Command(c)
 		return
 	}
@@ -273,7 +273,7 @@ func (s *stream) stderrLine(b []byte) {
 		return
 	}
 	s.mu.Lock()
-	s.stderr = append(s.stderr, clip(line, 500))
+	s.stderr = append(s.stderr, agent.Clip(line, 500))
 	if len(s.stderr) > maxStderrTail {
 		s.stderr = s.stderr[1:]
 	}
@@ -285,70 +285,4 @@ func (s *stream) stderrTail() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return strings.Join(s.stderr, " | ")
-}
-
-func limitLines(text string, n int) []string {
-	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
-	if len(lines) == 1 && lines[0] == "" {
-		return nil
-	}
-	if len(lines) > n {
-		more := len(lines) - n
-		lines = append(lines[:n:n], fmt.Sprintf("… (%d more lines)", more))
-	}
-	return lines
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
-	}
-	return s
-}
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// maxLine bounds one buffered line; a longer line is passed on cut (and then is malformed).
-const maxLine = 32 << 20
-
-// lineWriter calls fn for every complete line written to it.
-type lineWriter struct {
-	fn  func([]byte)
-	buf []byte
-}
-
-func (w *lineWriter) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			w.buf = append(w.buf, p...)
-			if len(w.buf) > maxLine {
-				w.fn(w.buf)
-				w.buf = w.buf[:0]
-			}
-			break
-		}
-		if len(w.buf) > 0 {
-			w.buf = append(w.buf, p[:i]...)
-			w.fn(w.buf)
-			w.buf = w.buf[:0]
-		} else {
-			w.fn(p[:i])
-		}
-		p = p[i+1:]
-	}
-	return n, nil
-}
-
-func (w *lineWriter) flush() {
-	if len(w.buf) > 0 {
-		w.fn(w.buf)
-		w.buf = nil
-	}
 }

@@ -1,9 +1,8 @@
 package claude
 
 import (
-	"github.com/taskrunner/taskrunner/runner/agent"
-
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/runner/agent"
 )
 
 func reqFor(stage int) agent.StageRequest {

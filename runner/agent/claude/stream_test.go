@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/taskrunner/taskrunner/runner/agent"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -84,7 +86,7 @@ func TestParseRecorded(t *testing.T) {
 			b = append(b, []byte("{\"type\":\"rate_limit_event\",\"info\":{}}\n{not json\n\n")...)
 			obs := &recordingObserver{}
 			st := &stream{dir: workspaceOf(t, b), obs: obs}
-			w := &lineWriter{fn: st.line}
+			w := &agent.LineWriter{Fn: st.line}
 			// Write in odd chunks: lines must be reassembled.
 			for len(b) > 0 {
 				n := min(777, len(b))
@@ -92,7 +94,7 @@ func TestParseRecorded(t *testing.T) {
 				require.NoError(t, err)
 				b = b[n:]
 			}
-			w.flush()
+			w.Flush()
 
 			require.Equal(t, "8a7e2a10-047f-400d-bf99-bdb8791b2b87", st.sessionID)
 			require.NotNil(t, st.result)

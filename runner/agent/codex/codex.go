@@ -1,7 +1,6 @@
 package codex
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -229,17 +228,17 @@ func (a *Adapter) RunStage(ctx context.Context, req agent.StageRequest, obs agen
 
 	st := &stream{dir: a.cfg.Dir, obs: obs}
 	cmd := proc.Command(ctx, a.cfg.User, a.cfg.Dir, a.env(), a.cfg.Bin, Args(prompt, thread)...)
-	stdout := &lineWriter{fn: func(b []byte) {
+	stdout := &agent.LineWriter{Fn: func(b []byte) {
 		if a.cfg.Transcript != nil {
 			a.cfg.Transcript(req.Stage, b)
 		}
 		st.line(b)
 	}}
-	stderr := &lineWriter{fn: st.stderrLine}
+	stderr := &agent.LineWriter{Fn: st.stderrLine}
 	cmd.Stdout, cmd.Stderr = stdout, stderr // stdin stays nil: /dev/null
 	runErr := cmd.Run()
-	stdout.flush()
-	stderr.flush()
+	stdout.Flush()
+	stderr.Flush()
 	if cmd.Process != nil {
 		// Nothing the agent started may outlive its stage.
 		proc.KillTree(cmd.Process.Pid)
@@ -317,45 +316,5 @@ func stageUsage(cur, last Usage) Usage {
 	return Usage{
 		InputTokens: cur.InputTokens - last.InputTokens, CachedInputTokens: cur.CachedInputTokens - last.CachedInputTokens,
 		OutputTokens: cur.OutputTokens - last.OutputTokens, ReasoningOutputTokens: cur.ReasoningOutputTokens - last.ReasoningOutputTokens,
-	}
-}
-
-// maxLine bounds one buffered line; a longer line is passed on cut (and then is malformed).
-const maxLine = 32 << 20
-
-// lineWriter calls fn for every complete line written to it.
-type lineWriter struct {
-	fn  func([]byte)
-	buf []byte
-}
-
-func (w *lineWriter) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			w.buf = append(w.buf, p...)
-			if len(w.buf) > maxLine {
-				w.fn(w.buf)
-				w.buf = w.buf[:0]
-			}
-			break
-		}
-		if len(w.buf) > 0 {
-			w.buf = append(w.buf, p[:i]...)
-			w.fn(w.buf)
-			w.buf = w.buf[:0]
-		} else {
-			w.fn(p[:i])
-		}
-		p = p[i+1:]
-	}
-	return n, nil
-}
-
-func (w *lineWriter) flush() {
-	if len(w.buf) > 0 {
-		w.fn(w.buf)
-		w.buf = nil
 	}
 }

@@ -38,7 +38,7 @@ func (s *stream) line(b []byte) {
 	}
 	ev, err := ParseLine(b)
 	if err != nil {
-		s.obs.Log("malformed agent output: " + clip(string(b), 200))
+		s.obs.Log("malformed agent output: " + agent.Clip(string(b), 200))
 		return
 	}
 	switch ev.Type {
@@ -64,12 +64,12 @@ func (s *stream) line(b []byte) {
 			s.failed = "no reason given"
 		}
 		s.mu.Unlock()
-		s.obs.Log("stage failed: " + clip(ev.Message, 500))
+		s.obs.Log("stage failed: " + agent.Clip(ev.Message, 500))
 	case "error":
 		s.mu.Lock()
-		s.lastError = clip(ev.Message, 500)
+		s.lastError = agent.Clip(ev.Message, 500)
 		s.mu.Unlock()
-		s.obs.Log("error: " + clip(ev.Message, 500))
+		s.obs.Log("error: " + agent.Clip(ev.Message, 500))
 	case "item.started", "item.updated", "item.completed":
 		s.item(ev.Type, ev.Item)
 	}
@@ -87,13 +87,13 @@ func (s *stream) item(typ string, it *Item) {
 		s.mu.Unlock()
 		script := ShellScript(it.Command)
 		if !seen {
-			s.obs.Log("> Bash: " + clip(firstLine(script), 300))
+			s.obs.Log("> Bash: " + agent.Clip(agent.FirstLine(script), 300))
 			s.obs.Command(script)
 		}
 		if typ != "item.completed" {
 			return
 		}
-		lines := limitLines(it.Output, maxBlockLines)
+		lines := agent.LimitLines(it.Output, maxBlockLines)
 		if it.Status != "completed" || (it.ExitCode != nil && *it.ExitCode != 0) {
 			code := "?"
 			if it.ExitCode != nil {
@@ -133,12 +133,12 @@ func (s *stream) item(typ string, it *Item) {
 		s.mu.Lock()
 		s.text = it.Text
 		s.mu.Unlock()
-		s.obs.Log(limitLines(it.Text, maxBlockLines)...)
+		s.obs.Log(agent.LimitLines(it.Text, maxBlockLines)...)
 	case "reasoning":
 		if typ != "item.completed" {
 			return
 		}
-		lines := limitLines(it.Text, 5)
+		lines := agent.LimitLines(it.Text, 5)
 		for i := range lines {
 			lines[i] = "(thinking) " + lines[i]
 		}
@@ -149,7 +149,7 @@ func (s *stream) item(typ string, it *Item) {
 		}
 	case "web_search":
 		if typ == "item.started" {
-			s.obs.Log("> web search " + clip(it.Query, 200))
+			s.obs.Log("> web search " + agent.Clip(it.Query, 200))
 		}
 	case "todo_list":
 		var lines []string
@@ -158,7 +158,7 @@ func (s *stream) item(typ string, it *Item) {
 			if t.Completed {
 				mark = "[x]"
 			}
-			lines = append(lines, "  "+mark+" "+clip(t.Text, 200))
+			lines = append(lines, "  "+mark+" "+agent.Clip(t.Text, 200))
 		}
 		if typ == "item.started" && len(lines) > 0 {
 			s.obs.Log(append([]string{"plan:"}, lines...)...)
@@ -166,9 +166,9 @@ func (s *stream) item(typ string, it *Item) {
 	case "error":
 		// Non-fatal (e.g. unknown model metadata); a fatal error ends in turn.failed.
 		s.mu.Lock()
-		s.lastError = clip(it.Text, 500)
+		s.lastError = agent.Clip(it.Text, 500)
 		s.mu.Unlock()
-		s.obs.Log("warning: " + clip(it.Text, 500))
+		s.obs.Log("warning: " + agent.Clip(it.Text, 500))
 	}
 }
 
@@ -193,7 +193,7 @@ func (s *stream) stderrLine(b []byte) {
 	// Warnings (e.g. no helper binaries under /tmp) are logged but do not explain a failure.
 	if !strings.HasPrefix(line, "WARNING: ") {
 		s.mu.Lock()
-		s.stderr = append(s.stderr, clip(line, 500))
+		s.stderr = append(s.stderr, agent.Clip(line, 500))
 		if len(s.stderr) > maxStderrTail {
 			s.stderr = s.stderr[1:]
 		}
@@ -290,32 +290,6 @@ func RedirectTargets(script string) []string {
 }
 
 var heredocRE = regexp.MustCompile(`<<-?\s*['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?`)
-
-func limitLines(text string, n int) []string {
-	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
-	if len(lines) == 1 && lines[0] == "" {
-		return nil
-	}
-	if len(lines) > n {
-		more := len(lines) - n
-		lines = append(lines[:n:n], fmt.Sprintf("… (%d more lines)", more))
-	}
-	return lines
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
-	}
-	return s
-}
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
 
 func orDefault(s, def string) string {
 	if s == "" {

@@ -16,10 +16,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/tools/modelapi"
-
-	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
 
 // record rewrites testdata/recorded/*.jsonl with the JSONL the real Codex CLI printed:

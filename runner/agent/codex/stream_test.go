@@ -9,9 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/taskrunner/taskrunner/runner/agent"
-
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/runner/agent"
 )
 
 func readRecorded(t *testing.T, stage string) []byte {
