@@ -368,7 +368,11 @@ taskrunner is up.
   logs         %[4]s/   (sandboxes: .dev/sandboxes/)
   token        %[3]s     (owner "dev"; also in .dev/token)
 
-Start the demo task (creates and dispatches it; the agent adds --farewell to demo/greet):
+Create a task (it comes back with status proposing; dispatch it with POST /v1/tasks/<id>:dispatch):
+
+  curl -s -X POST http://%[1]s/v1/tasks -H 'Authorization: Bearer %[3]s' -d '{"repo":"demo/greet","prompt":"Add a --farewell flag to greet"}'
+
+Or start the demo task in one go (creates and dispatches it; the agent adds --farewell to demo/greet):
 
   curl -s -X POST http://%[1]s/v1/tasks -H 'Authorization: Bearer %[3]s' -d '{"repo":"demo/greet","prompt":"Add a --farewell flag to greet","dispatch":true}'
 
