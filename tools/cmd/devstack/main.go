@@ -170,6 +170,8 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		"TASKRUNNER_PROCESS_RUNNER_BIN=" + bin("runner"),
 		"TASKRUNNER_PROCESS_WORK_ROOT=" + abs(filepath.Join(*dir, "sandboxes")),
 		"TASKRUNNER_GITHUB_WEBHOOK_SECRET=" + secrets["webhook"],
+		// A developer reruns the demo many times a day; production keeps 20.
+		"TASKRUNNER_DISPATCH_PER_OWNER_PER_DAY=" + envOr("TASKRUNNER_DISPATCH_PER_OWNER_PER_DAY", "500"),
 		// The agent CLIs come from the pinned npm packages.
 		"PATH=" + filepath.Join(root, "node_modules", ".bin") + string(os.PathListSeparator) + os.Getenv("PATH"),
 	}
