@@ -57,6 +57,9 @@ func run() error {
 	capFor := flag.Duration("duration", 20*time.Second, "cap of each throughput run: nothing is sent after it and an unfinished run is measured over it")
 	drain := flag.Duration("drain", 10*time.Second, "how long SSE clients may take to catch up after a run")
 	designs := flag.String("designs", "new,baseline", "designs to run: new, baseline or both")
+	diffEvery := flag.Int("diff-every", 100, "every N-th event is a diff_stats report (0: none); the real runner sends two per task")
+	maxBatch := flag.Int("max-batch", 0, "events.Config.MaxBatch of the Events service (0: its default)")
+	batchDelay := flag.Duration("batch-delay", 0, "events.Config.MaxBatchDelay of the Events service (0: its default)")
 	verbose := flag.Bool("v", false, "log warnings of the servers and clients to stderr")
 	flag.Parse()
 	rttList, err := parseRTTs(*rtts)
@@ -77,7 +80,7 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	began := time.Now()
-	env, err := bench.NewEnv(ctx, bench.EnvOptions{BaselineConns: *runners, Logger: logger})
+	env, err := bench.NewEnv(ctx, bench.EnvOptions{BaselineConns: *runners, Logger: logger, MaxBatch: *maxBatch, MaxBatchDelay: *batchDelay})
 	if err != nil {
 		return err
 	}
@@ -85,12 +88,19 @@ func run() error {
 
 	fmt.Printf("bench-events: GOMAXPROCS=%d NumCPU=%d %s; PostgreSQL synchronous_commit=%s fsync=%s; database %s (dropped at exit), Redis prefix %q\n",
 		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), env.SynchronousCommit, env.Fsync, env.DBName(), env.Prefix)
-	fmt.Printf("workload: %d runners × %d events (~200-byte log tails, stage changes explore→propose→apply→archive, diff stats every 10th), %d SSE clients; throughput runs capped at %s\n\n",
-		*runners, *perRunner, *sseClients, *capFor)
+	probe := func(when string) {
+		if l, err := env.CommitLatency(ctx, 100); err == nil {
+			fmt.Printf("PostgreSQL commit latency %s (100 sequential single-row autocommit inserts): p50 %s ms, p99 %s ms\n", when, ms(l.P50), ms(l.P99))
+		}
+	}
+	probe("at start")
+	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n", loadavg())
+	fmt.Printf("workload: %d runners × %d events (~200-byte log tails, stage changes explore→propose→apply→archive, diff stats every %dth), %d SSE clients; throughput runs capped at %s\n\n",
+		*runners, *perRunner, *diffEvery, *sseClients, *capFor)
 
 	var scenarios []bench.Scenario
 	for _, rtt := range rttList {
-		base := bench.Scenario{RTT: rtt, Runners: *runners, Events: *perRunner, SSE: *sseClients, Cap: *capFor, Drain: *drain}
+		base := bench.Scenario{RTT: rtt, Runners: *runners, Events: *perRunner, SSE: *sseClients, Cap: *capFor, Drain: *drain, DiffEvery: *diffEvery}
 		if runNew {
 			s := base
 			s.Design = bench.DesignNew
@@ -105,7 +115,7 @@ func run() error {
 	if runNew && *rate > 0 {
 		n := max(int(*rate*pacedFor.Seconds()/float64(*runners)), 1)
 		scenarios = append(scenarios, bench.Scenario{Design: bench.DesignNew, Runners: *runners, Events: n, SSE: *sseClients,
-			Rate: *rate, Cap: *pacedFor + 15*time.Second, Drain: *drain})
+			Rate: *rate, Cap: *pacedFor + 15*time.Second, Drain: *drain, DiffEvery: *diffEvery})
 	}
 
 	var results []bench.Result
@@ -136,8 +146,21 @@ func run() error {
 	bench.WriteGoals(os.Stdout, results)
 	fmt.Println()
 	fmt.Println("acked ev/s: events the server acknowledged (new: Ack after group commit; baseline: 2xx after insert+publish) over the window, first send to last ack, or to the cap when marked (cap).")
-	fmt.Println("latency: runner send → SSE client receive, every client's copy. Unpaced new-design runs send everything at once, so their latency is mostly queueing; the paced run is the latency figure.")
+	fmt.Println("ack: runner send → acknowledgement (new: polled every 1 ms). e2e: runner send → SSE client receive, every client's copy. Unpaced new-design runs send everything at once, so their latency is mostly queueing; the paced run is the latency figure.")
 	fmt.Println("cpu: this whole process (servers, runners, proxy, SSE clients) user+sys; pg+redis: local postgres and redis-server processes (approximate). peak rss: VmHWM of this process, reset per run.")
-	fmt.Printf("total %.0fs\n", time.Since(began).Seconds())
+	probe("at end")
+	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), loadavg())
 	return nil
 }
+
+// loadavg is the first three fields of /proc/loadavg.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)) }

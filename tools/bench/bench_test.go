@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/events"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestPercentile(t *testing.T) {
+	ms := func(ns ...int) []time.Duration {
+		out := make([]time.Duration, len(ns))
+		for i, n := range ns {
+			out[i] = time.Duration(n) * time.Millisecond
+		}
+		return out
+	}
+	hundred := make([]int, 100)
+	for i := range hundred {
+		hundred[i] = i + 1
+	}
+	for _, tc := range []struct {
+		name string
+		in   []time.Duration
+		p    float64
+		want time.Duration
+	}{
+		{"empty", nil, 99, 0},
+		{"single", ms(7), 50, 7 * time.Millisecond},
+		{"p50 of 1..100", ms(hundred...), 50, 50 * time.Millisecond},
+		{"p95 of 1..100", ms(hundred...), 95, 95 * time.Millisecond},
+		{"p99 of 1..100", ms(hundred...), 99, 99 * time.Millisecond},
+		{"p100 of 1..100", ms(hundred...), 100, 100 * time.Millisecond},
+		{"p99 of 10 is the max", ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 99, 10 * time.Millisecond},
+		{"p50 of 4 is the 2nd", ms(1, 2, 3, 4), 50, 2 * time.Millisecond},
+		{"p0 is the min", ms(3, 4), 0, 3 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, Percentile(tc.in, tc.p))
+		})
+	}
+	l := Summarise(ms(5, 1, 4, 2, 3))
+	require.Equal(t, Latencies{N: 5, P50: 3 * time.Millisecond, P95: 5 * time.Millisecond, P99: 5 * time.Millisecond, Max: 5 * time.Millisecond}, l)
+}
+
+func TestSignVerify(t *testing.T) {
+	secret := []byte("task secret")
+	body := []byte(`{"task_id":"t","event":{}}`)
+	sig := Sign(secret, 1700000000, body)
+	require.Regexp(t, `^sha256=[0-9a-f]{64}$`, sig)
+	require.True(t, Verify(secret, 1700000000, body, sig))
+	require.False(t, Verify([]byte("other secret"), 1700000000, body, sig), "another task's secret")
+	require.False(t, Verify(secret, 1700000001, body, sig), "the timestamp is signed")
+	require.False(t, Verify(secret, 1700000000, []byte(`{"task_id":"u","event":{}}`), sig), "the body is signed")
+	require.False(t, Verify(secret, 1700000000, body, ""), "no signature")
+	require.NotEqual(t, callbackSecret([]byte("k"), "a"), callbackSecret([]byte("k"), "b"))
+}
+
+func TestEventTimeReadsProtojson(t *testing.T) {
+	when := time.Date(2026, 3, 4, 5, 6, 7, 891011121, time.UTC)
+	b, err := events.EncodeEvent(&taskrunnerv1.Event{Seq: 3, Time: timestamppb.New(when),
+		Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{`a "time": "1999-01-01T00:00:00Z" look-alike`}}}})
+	require.NoError(t, err)
+	got, err := EventTime(b)
+	require.NoError(t, err)
+	require.True(t, when.Equal(got), "got %s", got)
+
+	got, err = EventTime([]byte(`{"seq":"1", "time": "2026-01-02T03:04:05.5Z"}`))
+	require.NoError(t, err)
+	require.True(t, time.Date(2026, 1, 2, 3, 4, 5, 5e8, time.UTC).Equal(got))
+
+	_, err = EventTime([]byte(`{"seq":"1"}`))
+	require.Error(t, err)
+}
+
+func TestWorkloadOrder(t *testing.T) {
+	var stages []taskrunnerv1.TaskStage
+	logs, diffs := 0, 0
+	for i := range 400 {
+		ev := workloadEvent(1, i, 400, 100)
+		switch p := ev.GetPayload().(type) {
+		case *taskrunnerv1.Event_StageChange:
+			stages = append(stages, p.StageChange.GetStage())
+		case *taskrunnerv1.Event_DiffStats:
+			diffs++
+		case *taskrunnerv1.Event_Log:
+			logs++
+			require.Len(t, p.Log.GetLines()[0], 200)
+		}
+	}
+	require.Equal(t, []taskrunnerv1.TaskStage{taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE, taskrunnerv1.TaskStage_TASK_STAGE_PROPOSE,
+		taskrunnerv1.TaskStage_TASK_STAGE_APPLY, taskrunnerv1.TaskStage_TASK_STAGE_ARCHIVE}, stages)
+	require.Equal(t, 4, diffs)
+	require.Equal(t, 392, logs)
+}
+
+func TestStatTicks(t *testing.T) {
+	// pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime …
+	line := "42 (postgres) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 100 1000 10"
+	require.Equal(t, int64(300), statTicks(line, []string{"postgres"}))
+	require.Zero(t, statTicks(line, []string{"redis-server"}))
+	require.Equal(t, int64(3), statTicks("7 (redis-server) R 1 7 7 0 -1 0 0 0 0 0 1 2 0", []string{"postgres", "redis-server"}))
+}
+
+func TestDelayProxyAddsRoundTrip(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	echoed := make(chan struct{})
+	go func() {
+		defer close(echoed)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	}()
+	const rtt = 40 * time.Millisecond
+	p, err := NewDelayProxy(ln.Addr().String(), rtt)
+	require.NoError(t, err)
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	rd := bufio.NewReader(c)
+	for i := range 3 {
+		start := time.Now()
+		_, err := fmt.Fprintf(c, "ping %d\n", i)
+		require.NoError(t, err)
+		line, err := rd.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("ping %d\n", i), line)
+		took := time.Since(start)
+		require.GreaterOrEqual(t, took, rtt, "round trip %d", i)
+		require.Less(t, took, rtt+time.Second, "round trip %d", i)
+	}
+	require.NoError(t, c.Close())
+	p.Close()
+	require.NoError(t, ln.Close())
+	<-echoed
+}
