@@ -226,7 +226,10 @@ const (
 	lockTasks = `SELECT id::text, status FROM tasks WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`
 	// Read after the lock, in a statement of its own: under READ COMMITTED it
 	// then sees every event committed by whoever held the lock before us.
-	lastSeqs     = `SELECT task_id::text, max(seq) FROM task_events WHERE task_id = ANY($1::uuid[]) GROUP BY task_id`
+	// One index probe per task (the primary key, backwards), not a scan of
+	// every stored event of every task in the batch.
+	lastSeqs = `SELECT t.id::text, s.seq FROM unnest($1::uuid[]) AS t(id)
+CROSS JOIN LATERAL (SELECT seq FROM task_events e WHERE e.task_id = t.id ORDER BY seq DESC LIMIT 1) AS s`
 	insertEvents = `INSERT INTO task_events (task_id, seq, type, payload)
 SELECT t::uuid, s, ty, p::jsonb FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS u(t, s, ty, p)
 ON CONFLICT (task_id, seq) DO NOTHING`
