@@ -290,27 +290,24 @@ func (c *stream) run(live bool) error {
 	for {
 		select {
 		case f := <-c.watcher.queue:
-			if f.seq <= c.last {
-				continue // replayed already
-			}
-			if f.seq > c.last+1 {
-				// Something between is missing here (published while we
-				// replayed, or lost by a reconnect): the log has it all,
-				// since nothing is published before it is committed.
-				if ended, err := c.replay(); ended || err != nil {
+			// Write every frame already queued, then flush once: under load
+			// this turns many small writes into one syscall per batch.
+			for more := true; more; {
+				ended, err := c.live(f)
+				if ended || err != nil {
+					if err == nil {
+						err = c.rc.Flush()
+					}
 					return err
 				}
-				if f.seq <= c.last {
-					continue
+				select {
+				case f = <-c.watcher.queue:
+				default:
+					more = false
 				}
-				c.h.log.WarnContext(c.ctx, "sse: events missing from the log", "task_id", c.taskID, "after", c.last, "seq", f.seq)
 			}
-			if err := c.send(f.data); err != nil {
+			if err := c.rc.Flush(); err != nil {
 				return err
-			}
-			c.last = f.seq
-			if f.terminal {
-				return nil
 			}
 		case <-c.watcher.resync:
 			if ended, err := c.replay(); ended || err != nil {
@@ -330,6 +327,31 @@ func (c *stream) run(live bool) error {
 			return c.ctx.Err()
 		}
 	}
+}
+
+// live writes one live frame (without flushing); ended is true after the
+// terminal event.
+func (c *stream) live(f *frame) (ended bool, err error) {
+	if f.seq <= c.last {
+		return false, nil // replayed already
+	}
+	if f.seq > c.last+1 {
+		// Something between is missing here (published while we replayed,
+		// or lost by a reconnect): the log has it all, since nothing is
+		// published before it is committed.
+		if ended, err := c.replay(); ended || err != nil {
+			return ended, err
+		}
+		if f.seq <= c.last {
+			return false, nil
+		}
+		c.h.log.WarnContext(c.ctx, "sse: events missing from the log", "task_id", c.taskID, "after", c.last, "seq", f.seq)
+	}
+	if err := c.write(f.data); err != nil {
+		return false, err
+	}
+	c.last = f.seq
+	return f.terminal, nil
 }
 
 // checkStatus ends the stream of a task that stopped taking events without
@@ -388,14 +410,20 @@ func (c *stream) replay() (ended bool, err error) {
 // has dropped writes nothing more (its cut may already have passed, so the
 // deadline set here must not let the write block for long).
 func (c *stream) send(b []byte) error {
+	if err := c.write(b); err != nil {
+		return err
+	}
+	return c.rc.Flush()
+}
+
+// write buffers b within the write timeout (a full buffer writes through).
+func (c *stream) write(b []byte) error {
 	_ = c.rc.SetWriteDeadline(time.Now().Add(c.h.cfg.WriteTimeout))
 	select {
 	case <-c.watcher.gone:
 		return errors.Join(errEnded, errors.New(c.watcher.reason))
 	default:
 	}
-	if _, err := c.w.Write(b); err != nil {
-		return err
-	}
-	return c.rc.Flush()
+	_, err := c.w.Write(b)
+	return err
 }

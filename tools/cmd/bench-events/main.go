@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -57,7 +58,20 @@ func run() error {
 	maxBatch := flag.Int("max-batch", 0, "events.Config.MaxBatch of the Events service (0: its default)")
 	batchDelay := flag.Duration("batch-delay", 0, "events.Config.MaxBatchDelay of the Events service (0: its default)")
 	verbose := flag.Bool("v", false, "log warnings of the servers and clients to stderr")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench-events: -cpuprofile:", err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-events: -cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	rttList, err := parseRTTs(*rtts)
 	switch {
 	case err != nil:
