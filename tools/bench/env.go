@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"runtime"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -361,15 +360,4 @@ func (e *Env) CommitLatency(ctx context.Context, n int) (Latencies, error) {
 		d = append(d, time.Since(t0))
 	}
 	return Summarise(d), nil
-}
-
-// Settle brings the database and this process to a steady state before a
-// scenario, so one scenario's leftovers (dirty pages, dead tuples, a grown
-// heap) are not billed to the next: a checkpoint, VACUUM ANALYZE of the
-// tables the scenarios write, and a garbage collection. A checkpoint needs
-// superuser rights; without them it is skipped.
-func (e *Env) Settle(ctx context.Context) {
-	_, _ = e.Pool.Exec(ctx, "CHECKPOINT")
-	_, _ = e.Pool.Exec(ctx, "VACUUM ANALYZE task_events, tasks")
-	runtime.GC()
 }

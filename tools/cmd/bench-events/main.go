@@ -105,7 +105,7 @@ func run() error {
 	}
 	probe("at start")
 	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n", loadavg())
-	fmt.Printf("workload: %d runners × %d events (~200-byte log tails, stage changes explore→propose→apply→archive, diff stats every %dth), %d SSE clients; throughput runs capped at %s; each scenario starts after a checkpoint, VACUUM ANALYZE and a GC\n\n",
+	fmt.Printf("workload: %d runners × %d events (~200-byte log tails, stage changes explore→propose→apply→archive, diff stats every %dth), %d SSE clients; throughput runs capped at %s\n\n",
 		*runners, *perRunner, *diffEvery, *sseClients, *capFor)
 
 	var scenarios []bench.Scenario
@@ -135,7 +135,6 @@ func run() error {
 			paced = fmt.Sprintf("paced at %.0f events/s", sc.Rate)
 		}
 		fmt.Fprintf(os.Stderr, "[%d/%d] %s, added rtt %s, %s …", i+1, len(scenarios), sc.Design, sc.RTT, paced)
-		env.Settle(ctx)
 		t0 := time.Now()
 		r, err := env.Run(ctx, sc)
 		if err != nil {
