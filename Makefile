@@ -8,7 +8,7 @@ PKGS := ./proto/... ./services/... ./gateway/... ./runner/... ./tools/...
 BINARIES := ./services/cmd/taskrunnerd ./gateway/cmd/gateway ./tools/cmd/taskctl ./tools/cmd/forge \
             ./tools/cmd/modelapi ./tools/cmd/devstack ./runner/cmd/runner
 
-.PHONY: help run test build proto lint npm jaeger chromium check-go check-node clean
+.PHONY: help run test build proto lint npm jaeger chromium agent-access check-go check-node clean
 
 help:
 	@echo "make run    - bring the whole stack up locally (Ctrl-C stops it)"
@@ -41,7 +41,15 @@ $(BIN)/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum | check-go
 	@echo "building Jaeger v1.76.0 (first time: about 6 minutes)…"
 	cd tools/jaeger && GOWORK=off $(GO) build -o $(abspath $(BIN))/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
 
-run: build npm jaeger
+# The agent CLIs run as an unprivileged user (Claude Code refuses
+# bypassPermissions as root), so that user must be able to reach
+# node_modules: a checkout under /root (mode 0700) is not.
+agent-access: npm
+	@if [ "$$(id -u)" = 0 ] && ! runuser -u nobody -- test -x "$(CURDIR)/node_modules/.bin/claude" 2>/dev/null; then \
+	  echo "letting the unprivileged agent user reach $(CURDIR) (chmod o+x on its parent directories)"; \
+	  d="$(CURDIR)"; while [ "$$d" != / ]; do chmod o+x "$$d"; d=$$(dirname "$$d"); done; fi
+
+run: build npm jaeger agent-access
 	$(BIN)/devstack up --dev-dir $(DEV) --bin-dir $(BIN)
 
 # Tests need PostgreSQL and Redis: `devstack deps` finds them or starts
@@ -56,7 +64,7 @@ chromium:
 	     (apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null)); \
 	  else echo "Chromium is required for the browser tests: apt-get install chromium" >&2; exit 1; fi; }
 
-test: check-go npm build jaeger chromium
+test: check-go npm build jaeger chromium agent-access
 	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/test.env
 	source $(DEV)/test.env && TASKRUNNER_REQUIRE_SERVICES=1 TASKRUNNER_REQUIRE_AGENTS=1 TASKRUNNER_BIN_DIR=$(abspath $(BIN)) \
 	  $(GO) test -count=1 -timeout 30m $(PKGS)
