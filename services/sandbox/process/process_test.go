@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -25,8 +26,8 @@ func fakeRunner(t *testing.T, dir string) string {
 	t.Helper()
 	p := filepath.Join(dir, "runner.sh")
 	script := `#!/bin/sh
-env > "$TASKRUNNER_WORKDIR/../env.txt"
 echo started >> "` + dir + `/starts.txt"
+env > "$TASKRUNNER_WORKDIR/../env.tmp" && mv "$TASKRUNNER_WORKDIR/../env.tmp" "$TASKRUNNER_WORKDIR/../env.txt"
 perl -e 'setpgrp(0,0); open(F, ">", "$ENV{TASKRUNNER_WORKDIR}/../grandchild.pid"); print F $$; close F; exec "sleep", "300"' &
 exec sleep "${SLEEP:-300}"
 `
@@ -63,8 +64,9 @@ func TestLifecycle(t *testing.T) {
 			root := filepath.Join(dir, "sandboxes")
 			p := newProvider(t, root, bin, mode)
 			ctx := context.Background()
-			spec := sandbox.Spec{TaskID: "4b8f6c1e-1111-4a5b-9c3d-000000000001", Owner: "alice",
-				Env:      map[string]string{"TASKRUNNER_TASK_ID": "4b8f6c1e-1111-4a5b-9c3d-000000000001", "TASKRUNNER_EVENTS_ADDR": "127.0.0.1:7070"},
+			id := uuid.NewString() // unique, so no other run's processes are counted
+			spec := sandbox.Spec{TaskID: id, Owner: "alice",
+				Env:      map[string]string{"TASKRUNNER_TASK_ID": id, "TASKRUNNER_EVENTS_ADDR": "127.0.0.1:7070"},
 				Deadline: time.Now().Add(time.Hour)}
 			sb, err := p.Create(ctx, spec)
 			require.NoError(t, err)
