@@ -25,8 +25,8 @@ import (
 
 // Telemetry holds the providers of one process.
 type Telemetry struct {
-	Tracer  trace.TracerProvider
-	Meter   metric.MeterProvider
+	Tracer trace.TracerProvider
+	Meter  metric.MeterProvider
 	// Metrics serves the Prometheus text format.
 	Metrics  http.Handler
 	shutdown []func(context.Context) error
@@ -108,8 +108,10 @@ func (h traceHandler) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
-func (h traceHandler) WithAttrs(a []slog.Attr) slog.Handler { return traceHandler{h.Handler.WithAttrs(a)} }
-func (h traceHandler) WithGroup(n string) slog.Handler      { return traceHandler{h.Handler.WithGroup(n)} }
+func (h traceHandler) WithAttrs(a []slog.Attr) slog.Handler {
+	return traceHandler{h.Handler.WithAttrs(a)}
+}
+func (h traceHandler) WithGroup(n string) slog.Handler { return traceHandler{h.Handler.WithGroup(n)} }
 
 // Traceparent renders ctx's span context as a W3C traceparent header value
 // ("" when ctx has no valid span), for handing a trace to a sandbox.
