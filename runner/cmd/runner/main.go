@@ -49,6 +49,10 @@ const closeTimeout = 30 * time.Second
 func main() { os.Exit(run()) }
 
 func run() int {
+	if err := protectSecrets(); err != nil {
+		fmt.Fprintln(os.Stderr, "runner: cannot make the process non-dumpable:", err)
+		return exitConfig
+	}
 	cfg, err := config.Load(os.Environ())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "runner: invalid", err)
