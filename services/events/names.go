@@ -82,7 +82,9 @@ func IsTerminal(e *taskrunnerv1.Event) bool {
 // EncodeEvent is the wire form of an event in Redis messages and in
 // task_events.payload: protojson of taskrunnerv1.Event (seq, time, payload).
 func EncodeEvent(e *taskrunnerv1.Event) ([]byte, error) {
-	return protojson.Marshal(e)
+	// Proto field names (stage_change, pr_url), as the REST API uses, so a
+	// frontend sees one spelling in resources, SSE data and stored events.
+	return protojson.MarshalOptions{UseProtoNames: true}.Marshal(e)
 }
 
 // DecodeEvent parses EncodeEvent's output (or a stored payload).

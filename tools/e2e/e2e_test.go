@@ -242,15 +242,15 @@ func TestEndToEnd(t *testing.T) {
 		prev = n
 		switch e.name {
 		case "stage_change":
-			stages = append(stages, e.data["stageChange"].(map[string]any)["stage"].(string))
+			stages = append(stages, e.data["stage_change"].(map[string]any)["stage"].(string))
 		case "diff_stats":
-			lastDiff = e.data["diffStats"].(map[string]any)
+			lastDiff = e.data["diff_stats"].(map[string]any)
 		}
 	}
 	require.Equal(t, []string{"TASK_STAGE_EXPLORE", "TASK_STAGE_PROPOSE", "TASK_STAGE_APPLY", "TASK_STAGE_ARCHIVE"}, stages)
 	last := evs[len(evs)-1]
 	require.Equal(t, "completed", last.name, "the stream ends with completed")
-	prURL := last.data["completed"].(map[string]any)["prUrl"].(string)
+	prURL := last.data["completed"].(map[string]any)["pr_url"].(string)
 	require.True(t, strings.HasPrefix(prURL, s.forgeURL+"/demo/greet/pull/"), prURL)
 	require.NotNil(t, lastDiff)
 
@@ -282,7 +282,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	require.Equal(t, fmt.Sprint(add), fmt.Sprint(lastDiff["additions"]))
 	require.Equal(t, fmt.Sprint(del), fmt.Sprint(lastDiff["deletions"]))
-	require.Equal(t, fmt.Sprint(n), fmt.Sprint(lastDiff["filesChanged"]))
+	require.Equal(t, fmt.Sprint(n), fmt.Sprint(lastDiff["files_changed"]))
 
 	code, body = s.do(t, http.MethodGet, s.api+"/v1/tasks/"+id, bearer, "")
 	require.Equal(t, http.StatusOK, code)

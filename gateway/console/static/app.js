@@ -380,7 +380,7 @@ function showTask(id) {
     const t = st.task;
     switch (name) {
       case "stage_change":
-        st.stage = laterStage(st.stage, ev.stageChange.stage);
+        st.stage = laterStage(st.stage, ev.stage_change.stage);
         if (st.outcome === "idle") st.outcome = "running";
         // A replay of a finished task must not make it look running again.
         if (t && LIVE.has(t.status)) Object.assign(t, { status: "TASK_STATUS_RUNNING", stage: st.stage });
@@ -389,7 +389,7 @@ function showTask(id) {
         appendLog(ev.log.lines || [], ev.log.stage);
         return;
       case "diff_stats":
-        if (t) t.diff_stats = diffFromEvent(ev.diffStats);
+        if (t) t.diff_stats = diffFromEvent(ev.diff_stats);
         break;
       case "usage":
         if (t) t.usage = usageFromEvent(ev.usage);
@@ -397,12 +397,12 @@ function showTask(id) {
       case "completed":
         st.terminalSeen = true;
         st.outcome = "completed";
-        if (t) Object.assign(t, { status: "TASK_STATUS_AWAITING_REVIEW", pr_url: ev.completed.prUrl, pr_number: ev.completed.prNumber });
+        if (t) Object.assign(t, { status: "TASK_STATUS_AWAITING_REVIEW", pr_url: ev.completed.pr_url, pr_number: ev.completed.pr_number });
         break;
       case "failed":
         st.terminalSeen = true;
         st.outcome = "failed";
-        if (t) Object.assign(t, { status: "TASK_STATUS_FAILED", failed_reason: ev.failed.reason || t.failed_reason, pr_url: ev.failed.prUrl || t.pr_url });
+        if (t) Object.assign(t, { status: "TASK_STATUS_FAILED", failed_reason: ev.failed.reason || t.failed_reason, pr_url: ev.failed.pr_url || t.pr_url });
         break;
       case "cancelled":
         st.terminalSeen = true;

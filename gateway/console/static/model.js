@@ -77,12 +77,12 @@ export function formatUsage(u) {
   return `${cost} · ${fmtInt(u.tokens_in ?? u.tokensIn)} tokens in, ${fmtInt(u.tokens_out ?? u.tokensOut)} out`;
 }
 
-/** Event payloads are protojson with camelCase names; the task uses proto names. */
+/** Event payloads and tasks both use proto field names (diff_stats, files_changed). */
 export function diffFromEvent(d) {
-  return { additions: d.additions, deletions: d.deletions, files_changed: d.filesChanged };
+  return { additions: d.additions, deletions: d.deletions, files_changed: d.files_changed };
 }
 export function usageFromEvent(u) {
-  return { cost_usd: u.costUsd, tokens_in: u.tokensIn, tokens_out: u.tokensOut };
+  return { cost_usd: u.cost_usd, tokens_in: u.tokens_in, tokens_out: u.tokens_out };
 }
 
 export function formatTime(ts) {
