@@ -288,6 +288,9 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "TASK_STATUS_AWAITING_REVIEW", body["task"].(map[string]any)["status"])
 
+	// The console, while main is still the pristine demo repository.
+	runBrowserTests(t, s)
+
 	// Merging on the forge sends the signed webhook: the task is done.
 	number := prURL[strings.LastIndex(prURL, "/")+1:]
 	code, body = s.do(t, http.MethodPut, s.forgeURL+"/repos/demo/greet/pulls/"+number+"/merge", "token "+s.forgeToken, `{}`)
@@ -299,7 +302,6 @@ func TestEndToEnd(t *testing.T) {
 
 	checkTrace(t, s, traceID)
 	checkMetrics(t, s)
-	runBrowserTests(t, s)
 }
 
 type jaegerSpan struct {
