@@ -268,7 +268,10 @@ func (s *Server) start(ctx context.Context, a admitted) {
 		sb, err = s.create(ctx, t, a.deadline)
 		if err == nil {
 			span.SetAttributes(attribute.String("taskrunner.sandbox_id", sb.ID), attribute.String("taskrunner.repo", t.Repo))
-			_, err = s.d.Pool.Exec(ctx, `UPDATE sandboxes SET external_id = $2, state = $3 WHERE task_id = $1`, a.id, sb.ID, string(sb.State))
+			if _, err := s.d.Pool.Exec(ctx, `UPDATE sandboxes SET external_id = $2, state = $3 WHERE task_id = $1`, a.id, sb.ID, string(sb.State)); err != nil {
+				// The sandbox runs; Destroy falls back to the name derived from the task id.
+				s.log.ErrorContext(ctx, "record sandbox id", "task_id", a.id, "sandbox_id", sb.ID, "error", err)
+			}
 			s.log.InfoContext(ctx, "sandbox created", "task_id", a.id, "provider", s.d.Provider.Name(), "sandbox_id", sb.ID)
 			return
 		}

@@ -134,11 +134,6 @@ var deployOnlyVars = map[string]string{
 	"DOCKER_GID":        "Compose group_add of dispatch (the host's docker socket group)",
 }
 
-// thirdPartyEnv lists the variables a third-party image of the Compose file may receive.
-var thirdPartyEnv = map[string][]string{
-	"postgres": {"POSTGRES_USER", "POSTGRES_DB", "POSTGRES_PASSWORD"},
-}
-
 type known struct {
 	vars map[string][]envVar
 }

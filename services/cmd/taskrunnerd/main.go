@@ -116,7 +116,7 @@ func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger, tel *tel
 	if err != nil {
 		return fmt.Errorf("TASKRUNNER_DATABASE_URL: %w", err)
 	}
-	pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(telemetry.ChildOnly(tel.Tracer)), otelpgx.WithTrimSQLInSpanName())
+	pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(telemetry.ChildOnly(tel.Tracer)))
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
