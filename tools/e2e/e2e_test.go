@@ -223,12 +223,18 @@ func TestEndToEnd(t *testing.T) {
 	s := startStack(t)
 	bearer := "Bearer " + s.token
 
-	code, body := s.do(t, http.MethodPost, s.api+"/v1/tasks", bearer, `{"repo":"demo/greet","prompt":"Add a --farewell flag to greet","dispatch":true}`)
+	// Create (proposing), then dispatch with its own REST call: the
+	// dispatch still joins the task's one trace.
+	code, body := s.do(t, http.MethodPost, s.api+"/v1/tasks", bearer, `{"repo":"demo/greet","prompt":"Add a --farewell flag to greet"}`)
 	require.Equal(t, http.StatusOK, code, body)
 	task := body["task"].(map[string]any)
+	require.Equal(t, "TASK_STATUS_PROPOSING", task["status"])
 	id := task["id"].(string)
 	traceID := task["trace_id"].(string)
 	require.Len(t, traceID, 32, "the task resource shows its trace id")
+	code, body = s.do(t, http.MethodPost, s.api+"/v1/tasks/"+id+":dispatch", bearer, `{}`)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, "TASK_STATUS_RUNNING", body["task"].(map[string]any)["status"])
 
 	evs := s.follow(t, id)
 	require.NotEmpty(t, evs)
