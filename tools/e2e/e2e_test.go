@@ -308,6 +308,7 @@ func TestEndToEnd(t *testing.T) {
 
 	checkTrace(t, s, traceID)
 	checkMetrics(t, s)
+	checkRedaction(t, s)
 }
 
 type jaegerSpan struct {
