@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrunner/taskrunner/services/store/storetest"
@@ -119,6 +122,8 @@ func startStack(t *testing.T) *stack {
 		"JAEGER_QUERY_GRPC_PORT="+ports["query"], "ANTHROPIC_API_KEY=", "TASKRUNNER_GITHUB_APP_ID=", "TASKRUNNER_GITHUB_TOKEN=",
 		"OTEL_EXPORTER_OTLP_ENDPOINT=", "TASKRUNNER_REAPER_INTERVAL=2s")
 	cmd.Stdout, cmd.Stderr = s.out, s.out
+	// Clean up after the stack has stopped (cleanups run last-in, first-out).
+	t.Cleanup(func() { dropTestState(dbURL, "e2e-"+suffix+":") })
 	require.NoError(t, cmd.Start())
 	s.cmd = cmd
 	go func() { s.done <- cmd.Wait() }()
@@ -434,4 +439,26 @@ func checkMetrics(t *testing.T, s *stack) {
 	metricValue(t, m, "taskrunner_queue_depth")
 	g := get(s.api + "/metrics")
 	metricValue(t, g, "taskrunner_sse_subscribers")
+}
+
+// dropTestState removes the database and the Redis keys the stack created.
+func dropTestState(dbURL, redisPrefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if u, err := url.Parse(dbURL); err == nil {
+		name := strings.TrimPrefix(u.Path, "/")
+		u.Path = "/postgres"
+		if conn, err := pgx.Connect(ctx, u.String()); err == nil {
+			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			_ = conn.Close(ctx)
+		}
+	}
+	if opts, err := redis.ParseURL(storetest.RedisURL()); err == nil {
+		rdb := redis.NewClient(opts)
+		defer rdb.Close()
+		iter := rdb.Scan(ctx, 0, redisPrefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	}
 }

@@ -251,7 +251,7 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		// cached by an earlier run.
 		run := make([]byte, 4)
 		_, _ = rand.Read(run)
-		env = append(env, "TASKRUNNER_GITHUB_CACHE_PREFIX=taskrunner:githubtoken:dev-"+hex.EncodeToString(run)+":")
+		env = append(env, "TASKRUNNER_GITHUB_CACHE_PREFIX="+os.Getenv("TASKRUNNER_REDIS_PREFIX")+"taskrunner:githubtoken:dev-"+hex.EncodeToString(run)+":")
 		forgeInfo = "http://" + forgeAddr + " (local forge; repository demo/greet; admin token in .dev/secrets.env)"
 		mergeHint = fmt.Sprintf("\nMerge its pull request on the forge (the webhook moves the task to done):\n\n  curl -s -X PUT http://%s/repos/demo/greet/pulls/<number>/merge -H 'Authorization: token %s'\n", forgeAddr, secrets["forge"])
 		env = append(env, "TASKRUNNER_GITHUB_API_URL=http://"+forgeAddr+"/", "TASKRUNNER_GITHUB_GIT_URL=http://"+forgeAddr,
