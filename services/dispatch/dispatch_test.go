@@ -55,7 +55,7 @@ func newHarness(t *testing.T) *harness {
 	h := &harness{db: storetest.NewDB(t), dir: dir, starts: filepath.Join(dir, "starts.txt"), cancels: &recordingCanceller{}}
 	script := `#!/bin/sh
 echo "$TASKRUNNER_TASK_ID" >> "` + h.starts + `"
-env > "$TASKRUNNER_WORKDIR/../env.txt"
+env > "$TASKRUNNER_WORKDIR/../env.tmp" && mv "$TASKRUNNER_WORKDIR/../env.tmp" "$TASKRUNNER_WORKDIR/../env.txt"
 exec sleep 300
 `
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "runner"), []byte(script), 0o755))
