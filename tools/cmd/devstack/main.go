@@ -239,7 +239,7 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 			"--seed", "demo/greet=" + filepath.Join(root, "tools", "demo", "sample-repo"),
 			"--webhook-url", "http://" + httpAddr + "/v1/webhooks/github", "--webhook-secret", secrets["webhook"],
 			"--app-id", "1", "--app-key-file", filepath.Join(forgeDir, "app-key.pem"),
-			"--personal-token", secrets["forge"]}, nil)
+			"--personal-token", secrets["forge"]}, env) // env carries the OTLP settings
 		if err != nil {
 			return err
 		}
