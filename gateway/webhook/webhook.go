@@ -295,20 +295,3 @@ func (h *Handler) taskError(ctx context.Context, lg *slog.Logger, op, id string,
 	lg.ErrorContext(ctx, "webhook failed", "op", op, "code", st.Code().String(), "error", st.Message())
 	return http.StatusInternalServerError, reply{Result: "error", Detail: "internal error", TaskID: id}
 }
-
-// BearerToken sends an API token on every gRPC call (the gateway's internal-scope token for
-// AdvanceTask). Use it with grpc.WithPerRPCCredentials.
-type BearerToken string
-
-// GetRequestMetadata implements credentials.PerRPCCredentials.
-func (b BearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-
-// RequireTransportSecurity implements credentials.PerRPCCredentials. It is false because the
-// gateway reaches the control plane over the private network without TLS today; switch it on
-// with TLS between them.
-func (BearerToken) RequireTransportSecurity() bool { return false }
-
-// String keeps the token out of %v and logs.
-func (BearerToken) String() string { return "[REDACTED]" }

@@ -106,7 +106,7 @@ func newEnv(t *testing.T) *env {
 	}()
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(BearerToken(e.apiToken)))
+		grpc.WithPerRPCCredentials(auth.PerRPCToken(e.apiToken)))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = conn.Close()

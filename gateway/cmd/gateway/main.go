@@ -28,6 +28,7 @@ import (
 	"github.com/taskrunner/taskrunner/gateway/sse"
 	"github.com/taskrunner/taskrunner/gateway/webhook"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
@@ -131,7 +132,7 @@ func run() error {
 			return fmt.Errorf("TASKRUNNER_GATEWAY_INTERNAL_TOKEN: required with TASKRUNNER_GITHUB_WEBHOOK_SECRET (create one with `taskctl token create --owner gateway --scopes internal`)")
 		}
 		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), clientTel,
-			grpc.WithPerRPCCredentials(webhook.BearerToken(cfg.InternalToken)))
+			grpc.WithPerRPCCredentials(auth.PerRPCToken(cfg.InternalToken)))
 		if err != nil {
 			return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
 		}

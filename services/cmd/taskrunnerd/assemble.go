@@ -122,7 +122,7 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 	} else if taskSrv != nil && cfg.DispatchAddr != "" {
 		conn, err := grpc.NewClient(cfg.DispatchAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
-			grpc.WithPerRPCCredentials(bearer(cfg.InternalToken)))
+			grpc.WithPerRPCCredentials(auth.PerRPCToken(cfg.InternalToken)))
 		if err != nil {
 			return nil, fmt.Errorf("TASKRUNNER_DISPATCH_ADDR: %w", err)
 		}
@@ -219,10 +219,3 @@ func (r *remoteDispatcher) CancelTask(ctx context.Context, id, reason string) (t
 	}
 	return task.FromProto(resp.GetTask()), nil
 }
-
-type bearer string
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-func (bearer) RequireTransportSecurity() bool { return false }
