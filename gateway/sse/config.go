@@ -17,8 +17,9 @@ type Config struct {
 	// ClientQueue is how many live events may wait for one client; a client
 	// whose queue is full is cut off. Default 512.
 	ClientQueue int
-	// WriteTimeout bounds one write (and flush) to a client; a client that
-	// accepts nothing for this long is disconnected. Default 30s.
+	// WriteTimeout bounds one burst of writes to a client and its flush (a
+	// batch of live events, a replay page, a heartbeat); a client that
+	// cannot take it in this time is disconnected. Default 30s.
 	WriteTimeout time.Duration
 	// StatusInterval is how often an open stream checks, through GetTask,
 	// whether its task ended without a terminal event (reaper, cancel

@@ -170,7 +170,8 @@ func (e *env) publish(t *testing.T, id string, evs ...*taskrunnerv1.Event) {
 	for _, ev := range evs {
 		b, err := events.EncodeEvent(ev)
 		require.NoError(t, err)
-		require.NoError(t, e.rds.Client.Publish(context.Background(), events.Channel(e.rds.Prefix, id), b).Err())
+		msg := events.EncodeMessage(ev.GetSeq(), events.TypeName(ev), b)
+		require.NoError(t, e.rds.Client.Publish(context.Background(), events.Channel(e.rds.Prefix, id), msg).Err())
 	}
 }
 

@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -21,23 +22,28 @@ type frame struct {
 	data     []byte // "id: …\nevent: …\ndata: …\n\n"
 }
 
-// encodeFrame renders e as one SSE message. An event whose payload this
-// gateway does not know gets no event line (browsers dispatch it as
-// "message").
+// encodeFrame renders e as one SSE message (the replay's path).
 func encodeFrame(dst []byte, e *taskrunnerv1.Event) ([]byte, error) {
 	body, err := events.EncodeEvent(e)
 	if err != nil {
 		return dst, err
 	}
+	return appendFrame(dst, e.GetSeq(), events.TypeName(e), body), nil
+}
+
+// appendFrame renders one SSE message: the id line, the event line (none
+// for a type this gateway does not know: browsers dispatch it as
+// "message"), and the event's one-line JSON as data.
+func appendFrame(dst []byte, seq int64, typ string, body []byte) []byte {
 	dst = append(dst, "id: "...)
-	dst = strconv.AppendInt(dst, e.GetSeq(), 10)
-	if name := events.TypeName(e); name != "" {
+	dst = strconv.AppendInt(dst, seq, 10)
+	if typ != "" {
 		dst = append(dst, "\nevent: "...)
-		dst = append(dst, name...)
+		dst = append(dst, typ...)
 	}
 	dst = append(dst, "\ndata: "...)
 	dst = append(dst, body...) // protojson without Multiline is one line
-	return append(dst, "\n\n"...), nil
+	return append(dst, "\n\n"...)
 }
 
 // Why a watcher was dropped by the hub.
@@ -168,17 +174,17 @@ func (h *hub) confirmed(channel string) {
 }
 
 func (h *hub) deliver(m *redis.Message) {
-	e, err := events.DecodeEvent([]byte(m.Payload))
+	// The live path never parses the event's JSON: the message header has
+	// what framing needs, and the payload is written as it is.
+	msg, err := events.DecodeMessage([]byte(m.Payload))
+	if err == nil && bytes.IndexByte(msg.Payload, '\n') >= 0 {
+		err = errors.New("the event's JSON spans lines")
+	}
 	if err != nil {
 		h.log.Warn("sse: undecodable message on channel", "channel", m.Channel, "error", err)
 		return
 	}
-	data, err := encodeFrame(nil, e)
-	if err != nil {
-		h.log.Warn("sse: unencodable event", "channel", m.Channel, "error", err)
-		return
-	}
-	f := &frame{seq: e.GetSeq(), terminal: events.IsTerminal(e), data: data}
+	f := &frame{seq: msg.Seq, terminal: msg.Terminal(), data: appendFrame(make([]byte, 0, len(msg.Payload)+len(msg.Type)+40), msg.Seq, msg.Type, msg.Payload)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	t := h.topics[m.Channel]

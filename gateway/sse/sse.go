@@ -292,6 +292,7 @@ func (c *stream) run(live bool) error {
 		case f := <-c.watcher.queue:
 			// Write every frame already queued, then flush once: under load
 			// this turns many small writes into one syscall per batch.
+			c.arm()
 			for more := true; more; {
 				ended, err := c.live(f)
 				if ended || err != nil {
@@ -385,6 +386,8 @@ func (c *stream) replay() (ended bool, err error) {
 		if err != nil {
 			return false, err
 		}
+		// One write deadline and one flush per page.
+		c.arm()
 		for _, e := range resp.GetEvents() {
 			if e.GetSeq() <= c.last {
 				continue
@@ -392,13 +395,16 @@ func (c *stream) replay() (ended bool, err error) {
 			if c.buf, err = encodeFrame(c.buf[:0], e); err != nil {
 				return false, err
 			}
-			if err := c.send(c.buf); err != nil {
+			if err := c.write(c.buf); err != nil {
 				return false, err
 			}
 			c.last = e.GetSeq()
 			if events.IsTerminal(e) {
-				return true, nil
+				return true, c.rc.Flush()
 			}
+		}
+		if err := c.rc.Flush(); err != nil {
+			return false, err
 		}
 		if resp.GetNextPageToken() == "" || len(resp.GetEvents()) == 0 {
 			return false, nil
@@ -406,19 +412,23 @@ func (c *stream) replay() (ended bool, err error) {
 	}
 }
 
-// send writes b and flushes it within the write timeout. A watcher the hub
-// has dropped writes nothing more (its cut may already have passed, so the
-// deadline set here must not let the write block for long).
+// send writes b and flushes it within the write timeout.
 func (c *stream) send(b []byte) error {
+	c.arm()
 	if err := c.write(b); err != nil {
 		return err
 	}
 	return c.rc.Flush()
 }
 
-// write buffers b within the write timeout (a full buffer writes through).
+// arm gives the writes and the flush that follow, together, the write
+// timeout: a client that cannot take them in time is cut off.
+func (c *stream) arm() { _ = c.rc.SetWriteDeadline(time.Now().Add(c.h.cfg.WriteTimeout)) }
+
+// write buffers b (a full buffer writes through) under the deadline of the
+// last arm. A watcher the hub has dropped writes nothing more (its cut may
+// already have passed, so the deadline must not let the write block long).
 func (c *stream) write(b []byte) error {
-	_ = c.rc.SetWriteDeadline(time.Now().Add(c.h.cfg.WriteTimeout))
 	select {
 	case <-c.watcher.gone:
 		return errors.Join(errEnded, errors.New(c.watcher.reason))

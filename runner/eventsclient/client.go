@@ -43,6 +43,13 @@ var (
 	ErrClosed = errors.New("eventsclient: closed")
 )
 
+// StreamWindow is the fixed HTTP/2 flow-control window of the connection,
+// the same as the server's (events.StreamWindow in services/events, which
+// explains the choice): a fixed window turns off grpc-go's bandwidth
+// estimator, whose PINGs would otherwise double the frames of a sparse
+// stream of small events and acks.
+const StreamWindow = 1 << 20
+
 // Config configures a Client.
 type Config struct {
 	// Addr is the Events service address (host:port).
@@ -91,6 +98,8 @@ type Client struct {
 	closeSend chan struct{} // closed once Close has flushed everything
 	closeOnce sync.Once
 	cancelled chan string
+	connected chan struct{} // closed at the first Welcome
+	connOnce  sync.Once
 	done      chan struct{}
 	stop      context.CancelFunc
 }
@@ -119,7 +128,8 @@ func New(cfg Config) (*Client, error) {
 	if cfg.TLS != nil {
 		creds = credentials.NewTLS(cfg.TLS)
 	}
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, cfg.DialOptions...)
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithInitialWindowSize(StreamWindow), grpc.WithInitialConnWindowSize(StreamWindow)}, cfg.DialOptions...)
 	conn, err := grpc.NewClient(cfg.Addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("eventsclient: %w", err)
@@ -131,6 +141,7 @@ func New(cfg Config) (*Client, error) {
 		wake:      make(chan struct{}, 1),
 		closeSend: make(chan struct{}),
 		cancelled: make(chan string, 1),
+		connected: make(chan struct{}),
 		done:      make(chan struct{}),
 	}, nil
 }
@@ -192,6 +203,11 @@ func droppable(ev *taskrunnerv1.Event) bool {
 
 // Cancelled delivers the reason of a server-pushed Cancel.
 func (c *Client) Cancelled() <-chan string { return c.cancelled }
+
+// Connected is closed once the server has welcomed the first stream: from
+// then on, events travel without waiting for a handshake (until a
+// reconnect). Sending before it is fine; the events wait in the buffer.
+func (c *Client) Connected() <-chan struct{} { return c.connected }
 
 // Done is closed when the background loop has ended.
 func (c *Client) Done() <-chan struct{} { return c.done }
@@ -414,6 +430,7 @@ func (c *Client) session(ctx context.Context) (welcomed bool, err error) {
 		return false, status.Error(codes.Internal, "eventsclient: server did not answer Hello with Welcome")
 	}
 	c.ackUpTo(w.GetLastPersistedSeq())
+	c.connOnce.Do(func() { close(c.connected) })
 	interval := c.cfg.HeartbeatInterval
 	if interval <= 0 {
 		interval = time.Duration(w.GetHeartbeatIntervalSeconds()) * time.Second

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
@@ -162,16 +163,6 @@ func (c *committer) runPublisher() {
 	}
 }
 
-// refusal is returned from inside the transaction when the state machine
-// rejects an event: the transaction is rolled back and the batch retried
-// without it.
-type refusal struct {
-	sub *submission
-	err error
-}
-
-func (r *refusal) Error() string { return r.err.Error() }
-
 // outcome of a batch for one submission.
 type outcome struct {
 	ok  bool  // persisted now or before (ack it)
@@ -183,22 +174,18 @@ type outcome struct {
 func (c *committer) commit(batch []*submission) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	refused := map[*submission]error{}
 	var outs map[*submission]outcome
 	var pubs []published
 	var err error
-	for range len(batch) + 1 {
-		err = store.WithTx(ctx, c.pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
-			var err error
-			outs, pubs, err = c.apply(ctx, tx, batch, refused)
-			return err
-		})
-		var r *refusal
-		if errors.As(err, &r) {
-			refused[r.sub] = r.err
-			continue
+	for attempt := range commitAttempts {
+		outs, pubs, err = c.transact(ctx, batch)
+		if !store.Retryable(err) || attempt == commitAttempts-1 {
+			break
 		}
-		break
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(attempt+1) * 5 * time.Millisecond):
+		}
 	}
 	if err != nil {
 		c.log.Error("events: group commit failed", "events", len(batch), "error", err)
@@ -222,10 +209,13 @@ func (c *committer) commit(batch []*submission) {
 	}
 }
 
+// commitAttempts bounds the tries of a batch that hits a deadlock or a
+// serialization failure.
+const commitAttempts = 5
+
 const (
-	lockTasks = `SELECT id::text, status FROM tasks WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`
-	// Read after the lock, in a statement of its own: under READ COMMITTED it
-	// then sees every event committed by whoever held the lock before us.
+	// Read after the locks, in a statement of its own: under READ COMMITTED
+	// it then sees every event committed by whoever held a lock before us.
 	// One index probe per task (the primary key, backwards), not a scan of
 	// every stored event of every task in the batch.
 	lastSeqs = `SELECT t.id::text, s.seq FROM unnest($1::uuid[]) AS t(id)
@@ -242,11 +232,26 @@ func acceptsEvents(st task.Status) bool {
 	return st == task.StatusProposing || st == task.StatusQueued || st == task.StatusRunning
 }
 
-// apply writes one batch inside tx. Events are checked per task, in arrival
-// order: a repeated seq is acknowledged and skipped, a gap or an event after
-// the terminal one is refused, and transitions go through task.AdvanceTx,
-// whose refusal aborts the attempt (see refusal).
-func (c *committer) apply(ctx context.Context, tx pgx.Tx, batch []*submission, refused map[*submission]error) (map[*submission]outcome, []published, error) {
+// transact writes one batch in one transaction of two round trips. The
+// first begins it, locks every task of the batch (task.QueueLock) and reads
+// each task's last stored seq. Events are then checked per task in arrival
+// order (a repeated seq is acknowledged and skipped, a gap or an event
+// after the terminal one is refused) and transitions applied in memory
+// (task.Step). The second round trip inserts the accepted events, saves
+// each changed task once, touches the heartbeats and commits. Nothing the
+// state machine refuses reaches the database, so a refusal never costs the
+// rest of the batch a retry.
+//
+// A failed round trip leaves the connection inside a transaction, and the
+// pool destroys such a connection when it is released: nothing half-done
+// is ever committed.
+func (c *committer) transact(ctx context.Context, batch []*submission) (map[*submission]outcome, []published, error) {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer conn.Release()
+
 	outs := make(map[*submission]outcome, len(batch))
 	var ids, beats []string
 	byTask := map[string][]*submission{}
@@ -264,38 +269,23 @@ func (c *committer) apply(ctx context.Context, tx pgx.Tx, batch []*submission, r
 	}
 	slices.Sort(ids)
 
-	status := map[string]task.Status{}
-	rows, err := tx.Query(ctx, lockTasks, ids)
-	if err != nil {
-		return nil, nil, err
-	}
-	for rows.Next() {
-		var id string
-		var st task.Status
-		if err := rows.Scan(&id, &st); err != nil {
-			rows.Close()
-			return nil, nil, err
+	tasks := make(map[string]task.Task, len(ids))
+	last := make(map[string]int64, len(ids))
+	read := &pgx.Batch{}
+	read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	task.QueueLock(read, ids, tasks)
+	read.Queue(lastSeqs, ids).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var id string
+			var seq int64
+			if err := rows.Scan(&id, &seq); err != nil {
+				return err
+			}
+			last[id] = seq
 		}
-		status[id] = st
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, err
-	}
-	last := map[string]int64{}
-	rows, err = tx.Query(ctx, lastSeqs, ids)
-	if err != nil {
-		return nil, nil, err
-	}
-	for rows.Next() {
-		var id string
-		var seq int64
-		if err := rows.Scan(&id, &seq); err != nil {
-			rows.Close()
-			return nil, nil, err
-		}
-		last[id] = seq
-	}
-	if err := rows.Err(); err != nil {
+		return rows.Err()
+	})
+	if err := conn.SendBatch(ctx, read).Close(); err != nil {
 		return nil, nil, err
 	}
 
@@ -303,18 +293,14 @@ func (c *committer) apply(ctx context.Context, tx pgx.Tx, batch []*submission, r
 		rTask, rType, rPayload []string
 		rSeq                   []int64
 		pubs                   []published
-		advances               []*submission
 	)
+	write := &pgx.Batch{}
 	for _, id := range ids {
-		st, exists := status[id]
+		t, exists := tasks[id]
 		cur := last[id]
-		ended := false
+		ended, changed := false, false
 		for _, s := range byTask[id] {
 			seq := s.ev.GetSeq()
-			if err, ok := refused[s]; ok {
-				outs[s] = outcome{err: err}
-				continue
-			}
 			switch {
 			case !exists:
 				outs[s] = outcome{err: errs.Transition("task %s does not exist", id)}
@@ -325,42 +311,51 @@ func (c *committer) apply(ctx context.Context, tx pgx.Tx, batch []*submission, r
 			case seq != cur+1:
 				outs[s] = outcome{err: errs.Transition("event seq %d of task %s does not follow the last persisted seq %d: events must be sent in order, without gaps", seq, id, cur)}
 				continue
-			case ended || !acceptsEvents(st):
-				outs[s] = outcome{err: errs.Transition("task %s is %s: no event is accepted after its terminal event (got seq %d)", id, terminalStatus(st, ended), seq)}
+			case ended || !acceptsEvents(t.Status):
+				outs[s] = outcome{err: errs.Transition("task %s is %s: no event is accepted after its terminal event (got seq %d)", id, terminalStatus(t.Status, ended), seq)}
 				continue
 			}
-			if _, has, err := advanceFor(s.ev); err != nil {
+			a, has, err := advanceFor(s.ev)
+			if err != nil {
 				outs[s] = outcome{err: err}
 				continue
-			} else if has {
-				advances = append(advances, s)
+			}
+			if has {
+				// A refused transition refuses its event; the task's later
+				// events in this batch then have a gap and are refused too.
+				n, applied, err := task.Step(t, a)
+				if err != nil {
+					outs[s] = outcome{err: err}
+					continue
+				}
+				if applied {
+					t, changed = n, true
+				}
 			}
 			cur = seq
 			ended = IsTerminal(s.ev)
 			outs[s] = outcome{ok: true}
 			rTask, rSeq, rType, rPayload = append(rTask, id), append(rSeq, seq), append(rType, s.typ), append(rPayload, string(s.payload))
-			pubs = append(pubs, published{channel: Channel(c.cfg.RedisPrefix, id), payload: s.payload})
+			pubs = append(pubs, published{channel: Channel(c.cfg.RedisPrefix, id), payload: EncodeMessage(seq, s.typ, s.payload)})
+		}
+		if changed {
+			task.QueueSave(write, t, false)
 		}
 	}
 	if len(rSeq) > 0 {
-		if _, err := tx.Exec(ctx, insertEvents, rTask, rSeq, rType, rPayload); err != nil {
-			return nil, nil, err
-		}
-	}
-	for _, s := range advances {
-		a, _, _ := advanceFor(s.ev)
-		if _, _, err := task.AdvanceTx(ctx, tx, s.taskID, "", a); err != nil {
-			var de *errs.Error
-			if errors.As(err, &de) {
-				return nil, nil, &refusal{sub: s, err: err}
-			}
-			return nil, nil, err
-		}
+		write.Queue(insertEvents, rTask, rSeq, rType, rPayload)
 	}
 	if len(beats) > 0 {
-		if _, err := tx.Exec(ctx, touchHeartbeat, beats); err != nil {
-			return nil, nil, err
+		write.Queue(touchHeartbeat, beats)
+	}
+	write.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() != "COMMIT" {
+			return errors.New("events: the transaction was rolled back instead of committed")
 		}
+		return nil
+	})
+	if err := conn.SendBatch(ctx, write).Close(); err != nil {
+		return nil, nil, err
 	}
 	return outs, pubs, nil
 }

@@ -92,11 +92,70 @@ func TestBatchRefusalIsolatesTasks(t *testing.T) {
 	pubs := <-c.publish
 	got := map[string][]int64{}
 	for _, p := range pubs {
-		ev, err := DecodeEvent(p.payload)
+		msg, err := DecodeMessage(p.payload)
 		require.NoError(t, err)
+		ev, err := DecodeEvent(msg.Payload)
+		require.NoError(t, err)
+		require.Equal(t, msg.Seq, ev.GetSeq())
+		require.Equal(t, TypeName(ev), msg.Type)
 		got[p.channel] = append(got[p.channel], ev.GetSeq())
 	}
 	require.Equal(t, map[string][]int64{Channel(rds.Prefix, a): {1, 2}, Channel(rds.Prefix, b): {1, 2, 3}}, got)
+}
+
+// TestFailedBatchCommitsNothing breaks the second round trip of a batch
+// (a payload PostgreSQL cannot parse): nothing of the batch is stored, every
+// stream is told to resend, and the pool's next batch commits normally.
+func TestFailedBatchCommitsNothing(t *testing.T) {
+	db := storetest.NewDB(t)
+	rds := storetest.NewRedis(t)
+	ctx := context.Background()
+	tasks := task.NewStore(db.Pool)
+	tk, _, err := tasks.Create(ctx, task.NewTask{Owner: "alice", Repo: "acme/widgets", BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, tk.ID)
+	require.NoError(t, err)
+	_, _, err = tasks.Advance(ctx, tk.ID, "", task.Advance{Status: task.StatusRunning, RequestID: "d"})
+	require.NoError(t, err)
+
+	cfg := Config{TrustDomain: "t.dev", RedisPrefix: rds.Prefix}.withDefaults()
+	c := newCommitter(cfg, db.Pool, rds.Client, slog.New(slog.DiscardHandler))
+	stage := &taskrunnerv1.Event{Seq: 1, Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE}}}
+	good, err := EncodeEvent(stage)
+	require.NoError(t, err)
+	s1 := newSink()
+	c.commit([]*submission{{taskID: tk.ID, ev: stage, typ: TypeName(stage), payload: []byte("{not json"), sink: s1}})
+	ack, err := s1.state()
+	require.Zero(t, ack)
+	st, _ := errs.ToStatus(err)
+	require.Equal(t, codes.Unavailable, st.Code())
+	var n int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, tk.ID).Scan(&n))
+	require.Zero(t, n)
+	got, err := tasks.Get(ctx, tk.ID, "")
+	require.NoError(t, err)
+	require.Equal(t, task.StageNone, got.Stage, "the stage change of the failed batch must not be committed")
+	select {
+	case p := <-c.publish:
+		t.Fatalf("a failed batch published %d events", len(p))
+	default:
+	}
+
+	// Every pooled connection is usable afterwards (none is left inside the
+	// failed transaction), and the resent event is stored once.
+	for range db.Pool.Config().MaxConns {
+		s2 := newSink()
+		c.commit([]*submission{{taskID: tk.ID, ev: stage, typ: TypeName(stage), payload: good, sink: s2}})
+		ack, err = s2.state()
+		require.NoError(t, err)
+		require.Equal(t, int64(1), ack)
+	}
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, tk.ID).Scan(&n))
+	require.Equal(t, int64(1), n)
+	got, err = tasks.Get(ctx, tk.ID, "")
+	require.NoError(t, err)
+	require.Equal(t, task.StageExplore, got.Stage)
+	require.Equal(t, int64(1), got.LastSeq)
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -31,12 +31,16 @@ func collectChannel(t *testing.T, e *env, taskID string) <-chan []int64 {
 		defer ps.Close()
 		var seqs []int64
 		for m := range ps.Channel() {
-			ev, err := events.DecodeEvent([]byte(m.Payload))
+			msg, err := events.DecodeMessage([]byte(m.Payload))
 			if err != nil {
 				break
 			}
+			ev, err := events.DecodeEvent(msg.Payload)
+			if err != nil || ev.GetSeq() != msg.Seq || events.TypeName(ev) != msg.Type {
+				break
+			}
 			seqs = append(seqs, ev.GetSeq())
-			if events.IsTerminal(ev) {
+			if msg.Terminal() {
 				break
 			}
 		}

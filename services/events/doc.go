@@ -1,7 +1,8 @@
 // Package events implements EventsService: the runner's mutually
 // authenticated Connect stream (Hello/Welcome, persist-then-ack with a group
-// committer shared by all streams, task transitions through task.AdvanceTx in
-// the same transaction), the fan-out of committed events through Redis
+// committer shared by all streams: one transaction of two round trips per
+// batch, task transitions applied through the task package's state machine
+// in that transaction), the fan-out of committed events through Redis
 // pub/sub, server-pushed Cancel across replicas, and Subscribe/ListEvents for
 // internal tools. It also exports the small pieces the gateway's SSE endpoint
 // reuses (channel names, event decoding, ListAfter).

@@ -1,7 +1,10 @@
 package events
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"strconv"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -20,8 +23,9 @@ const (
 )
 
 // Channel is the Redis pub/sub channel carrying a task's committed events:
-// <prefix>taskrunner:task:<task-id>:events. Each message is EncodeEvent of one
-// event, published only after the event is committed, in seq order per task.
+// <prefix>taskrunner:task:<task-id>:events. Each message is EncodeMessage of
+// one event, published only after the event is committed, in seq order per
+// task.
 func Channel(prefix, taskID string) string {
 	return prefix + "taskrunner:task:" + taskID + ":events"
 }
@@ -71,12 +75,54 @@ func TypeName(e *taskrunnerv1.Event) string {
 
 // IsTerminal reports whether e is the last event of its task (completed,
 // failed or cancelled): a stream of the task's events ends after it.
-func IsTerminal(e *taskrunnerv1.Event) bool {
-	switch TypeName(e) {
+func IsTerminal(e *taskrunnerv1.Event) bool { return terminalType(TypeName(e)) }
+
+func terminalType(typ string) bool {
+	switch typ {
 	case TypeCompleted, TypeFailed, TypeCancelled:
 		return true
 	}
 	return false
+}
+
+// Message is one message on a task's Channel.
+type Message struct {
+	Seq     int64
+	Type    string // TypeName of the event ("" for a payload this version does not know)
+	Payload []byte // EncodeEvent's JSON of the event, one line
+}
+
+// Terminal reports whether the message's event ends its task's stream.
+func (m Message) Terminal() bool { return terminalType(m.Type) }
+
+// EncodeMessage is the wire form of a Channel message: a header line
+// "<seq> <type>\n" and then payload, EncodeEvent's JSON of the event. The
+// header lets a subscriber order, route and frame events without parsing
+// the JSON: the gateway writes the payload to its SSE clients as it is.
+func EncodeMessage(seq int64, typ string, payload []byte) []byte {
+	b := make([]byte, 0, len(payload)+len(typ)+22)
+	b = strconv.AppendInt(b, seq, 10)
+	b = append(b, ' ')
+	b = append(b, typ...)
+	b = append(b, '\n')
+	return append(b, payload...)
+}
+
+// DecodeMessage parses EncodeMessage's output. Payload aliases b.
+func DecodeMessage(b []byte) (Message, error) {
+	head, payload, ok := bytes.Cut(b, []byte{'\n'})
+	seq, typ, ok2 := bytes.Cut(head, []byte{' '})
+	if !ok || !ok2 {
+		return Message{}, errors.New("events: message without a \"<seq> <type>\" header line")
+	}
+	n, err := strconv.ParseInt(string(seq), 10, 64)
+	if err != nil || n < 1 {
+		return Message{}, fmt.Errorf("events: message header has a bad seq %q", seq)
+	}
+	if len(payload) == 0 {
+		return Message{}, errors.New("events: message without an event")
+	}
+	return Message{Seq: n, Type: string(typ), Payload: payload}, nil
 }
 
 // EncodeEvent is the wire form of an event in Redis messages and in

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -192,22 +193,53 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 		return status.Error(codes.PermissionDenied, "the client certificate is not a task identity of this trust domain")
 	}
 
-	// One goroutine reads; this one decides and is the only sender.
-	msgs := make(chan *taskrunnerv1.ConnectRequest)
+	// One goroutine reads: it hands the first message (the Hello) over and,
+	// once this one has accepted it, turns every later message straight into
+	// committer work, one hand-off per event. This goroutine decides, and is
+	// the stream's only sender (Welcome, Acks, Cancel).
+	first := make(chan *taskrunnerv1.ConnectRequest, 1)
+	accepted := make(chan struct{}) // closed once the Hello is accepted
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
 	defer close(done)
+	var (
+		taskID    string // set before accepted is closed
+		results   = newSink()
+		submitted atomic.Int64 // highest seq handed to the committer
+	)
 	go func() {
+		m, err := stream.Recv()
+		if err != nil {
+			recvErr <- err
+			return
+		}
+		first <- m
+		select {
+		case <-accepted:
+		case <-done:
+			return
+		}
 		for {
 			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err // io.EOF only after every submission is queued
+				return
+			}
+			sub, err := s.submission(taskID, m, results)
 			if err != nil {
 				recvErr <- err
 				return
 			}
 			select {
-			case msgs <- m:
+			case s.commit.in <- sub:
 			case <-done:
 				return
+			case <-s.ctx.Done():
+				recvErr <- errShuttingDown
+				return
+			}
+			if sub.ev != nil && sub.ev.GetSeq() > submitted.Load() {
+				submitted.Store(sub.ev.GetSeq())
 			}
 		}
 	}()
@@ -215,7 +247,7 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 	var hello *taskrunnerv1.Hello
 	helloTimer := time.NewTimer(s.cfg.HelloTimeout)
 	select {
-	case m := <-msgs:
+	case m := <-first:
 		helloTimer.Stop()
 		if hello = m.GetHello(); hello == nil {
 			return status.Error(codes.InvalidArgument, "the first message on Connect must be Hello")
@@ -228,7 +260,7 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 	case <-s.ctx.Done():
 		return errShuttingDown
 	}
-	taskID := hello.GetTaskId()
+	taskID = hello.GetTaskId()
 	if taskID != certTask {
 		return status.Errorf(codes.PermissionDenied, "the client certificate is for task %s, but Hello names task %q", certTask, taskID)
 	}
@@ -262,34 +294,20 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 	}
 	s.log.InfoContext(ctx, "runner connected", "task_id", taskID, "runner_version", hello.GetRunnerVersion(), "last_persisted_seq", last)
 
-	results := newSink()
-	var submitted, sentAck int64
+	close(accepted)
+
+	var sentAck int64
 	eof := false
 	for {
-		if eof && sentAck >= submitted {
+		if eof && sentAck >= submitted.Load() {
 			return nil
 		}
 		select {
-		case m := <-msgs:
-			sub, err := s.submission(taskID, m, results)
-			if err != nil {
-				return err
-			}
-			select {
-			case s.commit.in <- sub:
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-s.ctx.Done():
-				return errShuttingDown
-			}
-			if sub.ev != nil {
-				submitted = max(submitted, sub.ev.GetSeq())
-			}
 		case err := <-recvErr:
 			if !errors.Is(err, io.EOF) {
 				return err
 			}
-			eof, msgs = true, nil // the runner is done sending: flush the acks, then end
+			eof = true // the runner is done sending: flush the acks, then end
 		case <-results.notify:
 			ack, refused := results.state()
 			if ack > sentAck {

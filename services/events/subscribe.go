@@ -112,7 +112,11 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 			if !ok {
 				return status.Error(codes.Unavailable, "event fan-out closed")
 			}
-			e, err := DecodeEvent([]byte(m.Payload))
+			msg, err := DecodeMessage([]byte(m.Payload))
+			var e *taskrunnerv1.Event
+			if err == nil {
+				e, err = DecodeEvent(msg.Payload)
+			}
 			if err != nil {
 				s.log.WarnContext(ctx, "events: undecodable message on channel", "channel", m.Channel, "error", err)
 				continue

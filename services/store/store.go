@@ -65,7 +65,7 @@ func WithTx(ctx context.Context, pool *pgxpool.Pool, iso pgx.TxIsoLevel, fn func
 	var err error
 	for i := range attempts {
 		err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: iso}, fn)
-		if !retryable(err) {
+		if !Retryable(err) {
 			return err
 		}
 		select {
@@ -77,7 +77,9 @@ func WithTx(ctx context.Context, pool *pgxpool.Pool, iso pgx.TxIsoLevel, fn func
 	return err
 }
 
-func retryable(err error) bool {
+// Retryable reports whether err is a serialization failure or a deadlock,
+// after which the whole transaction may simply be tried again.
+func Retryable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code == "40001" || pgErr.Code == "40P01"

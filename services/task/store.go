@@ -212,8 +212,7 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, id, owner string, a Advance) (Tas
 	if err != nil {
 		return cur, false, err
 	}
-	out, err := scanTask(tx.QueryRow(ctx, updateAdvance, id, n.Status, n.Stage, n.Diff.Additions, n.Diff.Deletions, n.Diff.FilesChanged,
-		n.PRURL, n.PRNumber, n.FailedReason, n.Usage.CostUSD, n.Usage.TokensIn, n.Usage.TokensOut, a.Seq, a.Heartbeat))
+	out, err := scanTask(tx.QueryRow(ctx, updateAdvance, saveArgs(n, a.Seq, a.Heartbeat)...))
 	if err != nil {
 		return Task{}, false, err
 	}

@@ -118,7 +118,7 @@ func (s *BaselineServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "store", http.StatusInternalServerError)
 		return
 	}
-	if err := s.rdb.Publish(ctx, events.Channel(s.prefix, cb.TaskID), payload).Err(); err != nil {
+	if err := s.rdb.Publish(ctx, events.Channel(s.prefix, cb.TaskID), events.EncodeMessage(ev.GetSeq(), events.TypeName(ev), payload)).Err(); err != nil {
 		s.log.Warn("baseline: publish failed", "error", err)
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -262,7 +262,7 @@ func (e *Env) startServices(ctx context.Context, o EnvOptions) error {
 	gs := rpcserver.New(rpcserver.Options{
 		Logger: e.log, Auth: tokens,
 		Anonymous:     map[string]bool{taskrunnerv1.EventsService_Connect_FullMethodName: true},
-		ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(pki.ServerTLSConfig(rl)))},
+		ServerOptions: append(events.ServerOptions(), grpc.Creds(credentials.NewTLS(pki.ServerTLSConfig(rl)))),
 	})
 	taskrunnerv1.RegisterTaskServiceServer(gs, task.New(e.tasks, nil, e.log))
 	taskrunnerv1.RegisterEventsServiceServer(gs, evs)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -154,6 +155,19 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 	}
 	defer func() { stopWatchers(); wwg.Wait() }()
 
+	// The new design's runners connect (TLS handshake, Hello, Welcome)
+	// before the clock starts, as a real runner does long before its agent
+	// produces events; the baseline's connections are opened by its first
+	// requests, which its long runs make negligible.
+	var clients []*eventsclient.Client
+	if sc.Design == DesignNew {
+		clients, err = e.connectNew(ctx, sc, ids, target)
+		defer closeClients(clients)
+		if err != nil {
+			return res, err
+		}
+	}
+
 	runtime.GC()
 	debug.FreeOSMemory()
 	if !resetPeakRSS() {
@@ -167,7 +181,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 	var end time.Time
 	switch sc.Design {
 	case DesignNew:
-		lastSeq, end, err = e.runNew(ctx, sc, ids, target, start, deadline, &res)
+		lastSeq, end, err = e.runNew(ctx, sc, clients, start, deadline, &res)
 	case DesignBaseline:
 		lastSeq, end, err = e.runBaseline(ctx, sc, ids, target, start, deadline, &res)
 	default:
@@ -204,9 +218,14 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 	wwg.Wait()
 
 	var lat []time.Duration
+	timeline := map[int][]time.Duration{}
 	for i, w := range watchers {
 		w.mu.Lock()
 		lat = append(lat, w.lat...)
+		for j, at := range w.recvAt {
+			b := int(at.Sub(start) / (500 * time.Millisecond))
+			timeline[b] = append(timeline[b], w.lat[j])
+		}
 		if res.SSEErr == "" && len(w.errs) > 0 {
 			res.SSEErr = w.errs[0].Error()
 		}
@@ -216,6 +235,14 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 		res.Missing += max(want[watched[i]]-w.last.Load(), 0)
 	}
 	res.Latency = Summarise(lat)
+	if os.Getenv("BENCH_TIMELINE") != "" {
+		for b := 0; b < 60; b++ {
+			if l, ok := timeline[b]; ok {
+				s := Summarise(l)
+				fmt.Fprintf(os.Stderr, "  t=%4.1fs n=%6d p50 %6.1f p99 %6.1f max %6.1f\n", float64(b)/2, len(l), float64(s.P50)/1e6, float64(s.P99)/1e6, float64(s.Max)/1e6)
+			}
+		}
+	}
 	return res, nil
 }
 
@@ -249,37 +276,57 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	}
 }
 
-// runNew streams through real eventsclients (one mTLS connection each) and
-// returns when every sent event is acknowledged or at the deadline.
-func (e *Env) runNew(ctx context.Context, sc Scenario, ids []string, addr string, start, deadline time.Time, res *Result) ([]func() int64, time.Time, error) {
-	clients := make([]*eventsclient.Client, sc.Runners)
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for r, id := range ids {
+// connectNew starts one eventsclient per task (each its own mTLS
+// connection and task certificate) and waits until every one is welcomed.
+func (e *Env) connectNew(ctx context.Context, sc Scenario, ids []string, addr string) ([]*eventsclient.Client, error) {
+	clients := make([]*eventsclient.Client, 0, len(ids))
+	for _, id := range ids {
 		tlsCfg, err := e.runnerTLS(id)
 		if err != nil {
-			return nil, time.Time{}, err
+			return clients, err
 		}
 		c, err := eventsclient.New(eventsclient.Config{Addr: "passthrough:///" + addr, TLS: tlsCfg, TaskID: id,
 			RunnerVersion: "bench", Logger: e.log, BufferSize: sc.Events + 16,
 			MinBackoff: 20 * time.Millisecond, MaxBackoff: time.Second})
 		if err != nil {
-			return nil, time.Time{}, err
+			return clients, err
 		}
-		clients[r] = c
+		clients = append(clients, c)
+		c.Start(ctx)
 	}
-	defer func() {
-		// Flush what is left (bounded) and free the connections.
-		var wg sync.WaitGroup
-		for _, c := range clients {
-			wg.Go(func() {
-				fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer fcancel()
-				_ = c.Close(fctx)
-			})
+	timeout := time.After(60 * time.Second)
+	for _, c := range clients {
+		select {
+		case <-c.Connected():
+		case <-c.Done():
+			return clients, fmt.Errorf("a runner's stream ended before it was welcomed: %v", c.Err())
+		case <-timeout:
+			return clients, errors.New("the runners' streams were not welcomed within 60s")
+		case <-ctx.Done():
+			return clients, ctx.Err()
 		}
-		wg.Wait()
-	}()
+	}
+	return clients, nil
+}
+
+// closeClients flushes what is left (bounded) and frees the connections.
+func closeClients(clients []*eventsclient.Client) {
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Go(func() {
+			fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer fcancel()
+			_ = c.Close(fctx)
+		})
+	}
+	wg.Wait()
+}
+
+// runNew streams through the connected clients and returns when every sent
+// event is acknowledged or at the deadline.
+func (e *Env) runNew(ctx context.Context, sc Scenario, clients []*eventsclient.Client, start, deadline time.Time, res *Result) ([]func() int64, time.Time, error) {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	at := pacer(sc, start)
 	var sent atomic.Int64
 	var sending sync.WaitGroup
@@ -289,7 +336,6 @@ func (e *Env) runNew(ctx context.Context, sc Scenario, ids []string, addr string
 		sentAt[r] = make([]atomic.Int64, sc.Events+1)
 	}
 	for r, c := range clients {
-		c.Start(cctx)
 		sending.Go(func() {
 			for i := range sc.Events {
 				if t := at(r, i); !t.IsZero() {

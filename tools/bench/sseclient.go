@@ -27,6 +27,7 @@ type watcher struct {
 	reconnects atomic.Int64
 	mu         sync.Mutex
 	lat        []time.Duration
+	recvAt     []time.Time // when each lat was taken
 	errs       []error
 }
 
@@ -89,9 +90,11 @@ func (w *watcher) stream(ctx context.Context, connected func()) error {
 		switch {
 		case len(line) == 0: // end of a message
 			if id > w.last.Load() && !sent.IsZero() {
-				d := time.Since(sent)
+				now := time.Now()
+				d := now.Sub(sent)
 				w.mu.Lock()
 				w.lat = append(w.lat, d)
+				w.recvAt = append(w.recvAt, now)
 				w.mu.Unlock()
 				w.last.Store(id)
 			}

@@ -138,7 +138,7 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 	a.health = rpcserver.NewHealth(a.public, healthNames)
 	if reloader != nil && cfg.RunnerGRPCAddr != "" {
 		ropts := opts
-		ropts.ServerOptions = []grpc.ServerOption{grpc.Creds(credentials.NewTLS(pki.ServerTLSConfig(reloader)))}
+		ropts.ServerOptions = append(events.ServerOptions(), grpc.Creds(credentials.NewTLS(pki.ServerTLSConfig(reloader))))
 		a.runner = rpcserver.New(ropts)
 		for _, r := range regs {
 			r(a.runner)
