@@ -118,8 +118,8 @@ func (c *committer) run(ctx context.Context) {
 	}
 }
 
-// fill adds whatever is queued, then waits up to MaxBatchDelay for more,
-// stopping at MaxBatch.
+// fill adds whatever is queued, then (with a MaxBatchDelay) waits up to
+// that long for more, stopping at MaxBatch.
 func (c *committer) fill(ctx context.Context, batch []*submission) []*submission {
 	var timer <-chan time.Time
 	for len(batch) < c.cfg.MaxBatch {
@@ -129,8 +129,13 @@ func (c *committer) fill(ctx context.Context, batch []*submission) []*submission
 			continue
 		default:
 		}
+		if c.cfg.MaxBatchDelay <= 0 {
+			return batch
+		}
 		if timer == nil {
-			timer = time.After(c.cfg.MaxBatchDelay)
+			t := time.NewTimer(c.cfg.MaxBatchDelay)
+			defer t.Stop()
+			timer = t.C
 		}
 		select {
 		case s := <-c.in:

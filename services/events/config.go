@@ -25,8 +25,11 @@ type Config struct {
 	// Default 500.
 	MaxBatch int
 	// MaxBatchDelay is how long the committer waits for more events after
-	// the first one of a batch; 0 commits whatever has arrived at once
-	// (batches still form while the previous commit runs). Default 2ms.
+	// the first one of a batch. The default, 0, commits whatever has
+	// arrived at once: under load a batch still forms while the previous
+	// commit runs, and a wait would only add its length (and a timer's
+	// wake-up) to every event's latency. A positive delay trades latency
+	// for fewer, larger transactions.
 	MaxBatchDelay time.Duration
 	// MaxEventBytes bounds one event's JSON form. Default 64 KiB.
 	MaxEventBytes int
@@ -40,7 +43,6 @@ const (
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultHelloTimeout      = 30 * time.Second
 	DefaultMaxBatch          = 500
-	DefaultMaxBatchDelay     = 2 * time.Millisecond
 	DefaultMaxEventBytes     = 64 << 10
 	DefaultQueueSize         = 4096
 )
@@ -54,9 +56,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBatch == 0 {
 		c.MaxBatch = DefaultMaxBatch
-	}
-	if c.MaxBatchDelay == 0 {
-		c.MaxBatchDelay = DefaultMaxBatchDelay
 	}
 	if c.MaxEventBytes == 0 {
 		c.MaxEventBytes = DefaultMaxEventBytes

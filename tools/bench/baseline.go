@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -147,20 +146,6 @@ type baselineClient struct {
 	url    string
 	taskID string
 	secret []byte
-}
-
-func (e *Env) newBaselineTransport(addr string, conns int) *http.Transport {
-	return &http.Transport{
-		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: e.CA.Pool(), ServerName: "127.0.0.1"},
-		MaxIdleConnsPerHost: conns,
-		MaxIdleConns:        conns,
-		IdleConnTimeout:     time.Minute,
-		ForceAttemptHTTP2:   false,
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		},
-	}
 }
 
 // post sends one event and waits for the answer (with two retries on a

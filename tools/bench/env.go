@@ -92,6 +92,8 @@ type Env struct {
 	baseTLS  *tls.Config
 	Baseline *BaselineServer
 	closeFns []func()
+
+	clientCmd []string
 }
 
 // EnvOptions size the pools.
@@ -104,11 +106,14 @@ type EnvOptions struct {
 	// commit settings (zero keeps its defaults).
 	MaxBatch      int
 	MaxBatchDelay time.Duration
+	// ClientCommand starts the client process of each scenario: a program
+	// that calls RunClient (bench-events runs itself with -client).
+	ClientCommand []string
 }
 
 // NewEnv creates the database and starts every server. Close undoes it.
 func NewEnv(ctx context.Context, o EnvOptions) (_ *Env, err error) {
-	e := &Env{log: o.Logger, adminURL: DatabaseURL(), dbName: "taskrunner_bench_" + randomHex(6), Prefix: "taskrunner_bench_" + randomHex(6) + ":"}
+	e := &Env{log: o.Logger, clientCmd: o.ClientCommand, adminURL: DatabaseURL(), dbName: "taskrunner_bench_" + randomHex(6), Prefix: "taskrunner_bench_" + randomHex(6) + ":"}
 	defer func() {
 		if err != nil {
 			e.Close()
@@ -325,20 +330,6 @@ func (e *Env) runningTasks(ctx context.Context, n int) ([]string, error) {
 		ids[i] = tk.ID
 	}
 	return ids, nil
-}
-
-// runnerTLS is a runner's client config: a certificate for taskID minted by
-// the runner CA, as Dispatch would hand to the sandbox.
-func (e *Env) runnerTLS(taskID string) (*tls.Config, error) {
-	certPEM, keyPEM, err := e.CA.MintTaskCert(taskID, time.Now().Add(time.Hour))
-	if err != nil {
-		return nil, err
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, RootCAs: e.CA.Pool(), ServerName: "127.0.0.1"}, nil
 }
 
 // DBName is the benchmark's own database.

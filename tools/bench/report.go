@@ -29,7 +29,7 @@ func rttName(d time.Duration) string {
 // WriteTable prints one line per result.
 func WriteTable(w io.Writer, results []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "design\tadded rtt\trunners\tsse\tacked/target\twindow s\tacked ev/s\tack p50 ms\tack p99 ms\te2e p50 ms\te2e p95 ms\te2e p99 ms\tcpu s/1k ev\tpg+redis cpu s/1k\tpeak rss MiB\tsse msgs\tmissing\treconn\t")
+	fmt.Fprintln(tw, "design\tadded rtt\trunners\tsse\tacked/target\twindow s\tacked ev/s\tack p50 ms\tack p99 ms\te2e p50 ms\te2e p95 ms\te2e p99 ms\tserver cpu s/1k ev\tclients cpu s/1k\tpg+redis cpu s/1k\tpeak rss MiB\tsse msgs\tmissing\treconn\t")
 	for _, r := range results {
 		window := fmt.Sprintf("%.2f", r.Window.Seconds())
 		if r.Capped {
@@ -39,9 +39,9 @@ func WriteTable(w io.Writer, results []Result) {
 		if r.Rate > 0 {
 			design += fmt.Sprintf(" @%.0f/s", r.Rate)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.3f\t%.0f\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.0f\t%d\t%d\t%d\t\n",
 			design, rttName(r.RTT), r.Runners, r.SSE, r.Acked, r.Target, window, r.EventsPerSec(),
-			ms(r.AckLatency.P50), ms(r.AckLatency.P99), ms(r.Latency.P50), ms(r.Latency.P95), ms(r.Latency.P99), r.CPUPer1k(), r.ServerCPUPer1k(),
+			ms(r.AckLatency.P50), ms(r.AckLatency.P99), ms(r.Latency.P50), ms(r.Latency.P95), ms(r.Latency.P99), r.CPUPer1k(), r.ClientCPUPer1k(), r.ServerCPUPer1k(),
 			float64(r.PeakRSSKB)/1024, r.Delivered, r.Missing, r.Reconnects)
 	}
 	_ = tw.Flush()
@@ -80,7 +80,7 @@ func Ratios(results []Result) []Ratio {
 // WriteRatios prints new/baseline per RTT.
 func WriteRatios(w io.Writer, results []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "added rtt\tacked ev/s new÷baseline\tcpu/1k new÷baseline\tp99 new÷baseline\t")
+	fmt.Fprintln(tw, "added rtt\tacked ev/s new÷baseline\tserver cpu/1k new÷baseline\tp99 new÷baseline\t")
 	for _, r := range Ratios(results) {
 		fmt.Fprintf(tw, "%s\t%.1f×\t%.2f×\t%.2f×\t\n", rttName(r.RTT), r.Throughput, r.CPU, r.P99)
 	}

@@ -1,23 +1,21 @@
 package bench
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/runner/eventsclient"
 )
 
 // Design names.
@@ -60,9 +58,11 @@ type Result struct {
 	Delivered  int64         // SSE messages received (all clients)
 	Missing    int64         // acknowledged events some client never got
 	Reconnects int64         // SSE reconnects (slow-client cut-offs and errors)
-	CPU        time.Duration // this process, user+sys, start to drain end
+	CPU        time.Duration // the server process, user+sys, start to drain end
+	ClientCPU  time.Duration // the client process (runners, SSE clients, proxy), same window
 	ServerCPU  time.Duration // local postgres + redis-server processes, same window
-	PeakRSSKB  int64         // VmHWM of this process during the run
+	PeakRSSKB  int64         // VmHWM of the server process during the run
+	Sched      Latencies     // the server process's Go scheduler latency (runnable → running)
 	SSEErr     string        // the first SSE stream error, if any
 }
 
@@ -74,21 +74,22 @@ func (r Result) EventsPerSec() float64 {
 	return float64(r.Acked) / r.Window.Seconds()
 }
 
-// CPUPer1k is process CPU seconds per 1,000 acknowledged events.
-func (r Result) CPUPer1k() float64 {
-	if r.Acked == 0 {
+// CPUPer1k is the server process's CPU seconds per 1,000 acknowledged
+// events.
+func (r Result) CPUPer1k() float64 { return per1k(r.CPU, r.Acked) }
+
+// ClientCPUPer1k is the client process's CPU seconds per 1,000 events.
+func (r Result) ClientCPUPer1k() float64 { return per1k(r.ClientCPU, r.Acked) }
+
+func per1k(d time.Duration, n int64) float64 {
+	if n == 0 {
 		return 0
 	}
-	return r.CPU.Seconds() / float64(r.Acked) * 1000
+	return d.Seconds() / float64(n) * 1000
 }
 
 // ServerCPUPer1k is PostgreSQL + Redis CPU seconds per 1,000 events.
-func (r Result) ServerCPUPer1k() float64 {
-	if r.Acked == 0 {
-		return 0
-	}
-	return r.ServerCPU.Seconds() / float64(r.Acked) * 1000
-}
+func (r Result) ServerCPUPer1k() float64 { return per1k(r.ServerCPU, r.Acked) }
 
 const logFiller = "tool_use Edit src/widgets/widget.go: applied 3 hunks; $ go test ./widgets/... -run TestWidget -count=1 → ok  github.com/acme/widgets/widgets 0.412s; reading internal/config/config.go for the flag defaults ......................................"
 
@@ -109,63 +110,71 @@ func workloadEvent(r, i, n, diffEvery int) *taskrunnerv1.Event {
 	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{line[:min(len(line), 200)]}}}}
 }
 
-// Run performs one scenario on fresh running tasks.
+// Run performs one scenario on fresh running tasks: this process serves,
+// a child process (EnvOptions.ClientCommand running RunClient) plays the
+// runners and the SSE clients.
 func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 	res := Result{Scenario: sc, Target: int64(sc.Runners) * int64(sc.Events)}
+	if len(e.clientCmd) == 0 {
+		return res, errors.New("bench: no client command to run the clients with")
+	}
 	ids, err := e.runningTasks(ctx, sc.Runners)
 	if err != nil {
 		return res, err
 	}
-
-	target := e.GRPCAddr
+	spec := ClientSpec{Scenario: sc, Target: e.GRPCAddr, CAPEM: e.CA.CertPEM(), SSEURL: e.SSEURL, Token: e.Token}
 	if sc.Design == DesignBaseline {
-		target = e.BaseAddr
+		spec.Target = e.BaseAddr
 	}
-	if sc.RTT > 0 {
-		p, err := NewDelayProxy(target, sc.RTT)
-		if err != nil {
+	for _, id := range ids {
+		t := ClientTask{ID: id}
+		if sc.Design == DesignBaseline {
+			t.Secret = callbackSecret(e.Baseline.key, id)
+		} else if t.CertPEM, t.KeyPEM, err = e.CA.MintTaskCert(id, time.Now().Add(time.Hour)); err != nil {
 			return res, err
 		}
-		defer p.Close()
-		target = p.Addr()
+		spec.Tasks = append(spec.Tasks, t)
+	}
+	specJSON, err := json.Marshal(spec)
+	if err != nil {
+		return res, err
 	}
 
-	// SSE clients first, each connected (its Redis subscription confirmed)
-	// before any event is sent.
-	wctx, stopWatchers := context.WithCancel(ctx)
-	defer stopWatchers()
-	sseTransport := &http.Transport{MaxIdleConnsPerHost: sc.SSE + 1, DisableCompression: true}
-	defer sseTransport.CloseIdleConnections()
-	sseClient := &http.Client{Transport: sseTransport}
-	watchers := make([]*watcher, sc.SSE)
-	watched := make([]int, sc.SSE) // runner index of each watcher
-	var ready sync.WaitGroup
-	var wwg sync.WaitGroup
-	for i := range watchers {
-		watched[i] = i % sc.Runners
-		w := &watcher{client: sseClient, url: e.SSEURL + "/v1/tasks/" + ids[watched[i]] + "/events", token: e.Token}
-		watchers[i] = w
-		ready.Add(1)
-		wwg.Go(func() { w.run(wctx, ready.Done) })
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, e.clientCmd[0], e.clientCmd[1:]...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return res, err
 	}
-	if err := waitGroupTimeout(&ready, 60*time.Second); err != nil {
-		stopWatchers()
-		wwg.Wait()
-		return res, fmt.Errorf("SSE clients did not connect: %w", err)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return res, err
 	}
-	defer func() { stopWatchers(); wwg.Wait() }()
-
-	// The new design's runners connect (TLS handshake, Hello, Welcome)
-	// before the clock starts, as a real runner does long before its agent
-	// produces events; the baseline's connections are opened by its first
-	// requests, which its long runs make negligible.
-	var clients []*eventsclient.Client
-	if sc.Design == DesignNew {
-		clients, err = e.connectNew(ctx, sc, ids, target)
-		defer closeClients(clients)
-		if err != nil {
-			return res, err
+	if err := cmd.Start(); err != nil {
+		return res, fmt.Errorf("bench: starting the client process: %w", err)
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			cancel()
+			_ = cmd.Wait()
 		}
+	}()
+	rd := bufio.NewReader(stdout)
+	expect := func(want string) error {
+		got, err := rd.ReadString('\n')
+		if err != nil || strings.TrimSpace(got) != want {
+			return fmt.Errorf("bench: the client process said %q, not %q (%v); its error is above", strings.TrimSpace(got), want, err)
+		}
+		return nil
+	}
+	if _, err := fmt.Fprintf(stdin, "%s\n", specJSON); err != nil {
+		return res, err
+	}
+	if err := expect(lineReady); err != nil {
+		return res, err
 	}
 
 	runtime.GC()
@@ -173,76 +182,34 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 	if !resetPeakRSS() {
 		e.log.Warn("bench: cannot reset VmHWM; peak memory is the process's peak so far")
 	}
-	cpu0, srv0 := cpuTime(), serverCPU("postgres", "redis-server")
-	start := time.Now()
-	deadline := start.Add(sc.Cap)
-
-	var lastSeq []func() int64 // per runner: highest acknowledged seq
-	var end time.Time
-	switch sc.Design {
-	case DesignNew:
-		lastSeq, end, err = e.runNew(ctx, sc, clients, start, deadline, &res)
-	case DesignBaseline:
-		lastSeq, end, err = e.runBaseline(ctx, sc, ids, target, start, deadline, &res)
-	default:
-		err = fmt.Errorf("unknown design %q", sc.Design)
-	}
-	if err != nil {
+	cpu0, srv0, sched0 := cpuTime(), serverCPU("postgres", "redis-server"), schedSample()
+	if _, err := fmt.Fprintln(stdin, lineGo); err != nil {
 		return res, err
 	}
-	res.Window = end.Sub(start)
-
-	// Drain: every client should get every acknowledged event of its task.
-	want := make([]int64, sc.Runners)
-	for r := range want {
-		want[r] = lastSeq[r]()
-	}
-	drainBy := time.Now().Add(sc.Drain)
-	for time.Now().Before(drainBy) {
-		all := true
-		for i, w := range watchers {
-			if w.last.Load() < want[watched[i]] {
-				all = false
-				break
-			}
-		}
-		if all {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := expect(lineDone); err != nil {
+		return res, err
 	}
 	res.CPU = cpuTime() - cpu0
 	res.ServerCPU = serverCPU("postgres", "redis-server") - srv0
 	res.PeakRSSKB = procStatusKB("VmHWM")
-	stopWatchers()
-	wwg.Wait()
+	res.Sched = schedLatencies(sched0, schedSample())
 
-	var lat []time.Duration
-	timeline := map[int][]time.Duration{}
-	for i, w := range watchers {
-		w.mu.Lock()
-		lat = append(lat, w.lat...)
-		for j, at := range w.recvAt {
-			b := int(at.Sub(start) / (500 * time.Millisecond))
-			timeline[b] = append(timeline[b], w.lat[j])
-		}
-		if res.SSEErr == "" && len(w.errs) > 0 {
-			res.SSEErr = w.errs[0].Error()
-		}
-		w.mu.Unlock()
-		res.Delivered += int64(len(w.lat))
-		res.Reconnects += w.reconnects.Load()
-		res.Missing += max(want[watched[i]]-w.last.Load(), 0)
+	line, err := rd.ReadBytes('\n')
+	if err != nil {
+		return res, fmt.Errorf("bench: reading the client's result: %w", err)
 	}
-	res.Latency = Summarise(lat)
-	if os.Getenv("BENCH_TIMELINE") != "" {
-		for b := 0; b < 60; b++ {
-			if l, ok := timeline[b]; ok {
-				s := Summarise(l)
-				fmt.Fprintf(os.Stderr, "  t=%4.1fs n=%6d p50 %6.1f p99 %6.1f max %6.1f\n", float64(b)/2, len(l), float64(s.P50)/1e6, float64(s.P99)/1e6, float64(s.Max)/1e6)
-			}
-		}
+	var cr ClientResult
+	if err := json.Unmarshal(line, &cr); err != nil {
+		return res, fmt.Errorf("bench: bad client result: %w", err)
 	}
+	_ = stdin.Close()
+	waited = true
+	if err := cmd.Wait(); err != nil {
+		return res, fmt.Errorf("bench: the client process: %w", err)
+	}
+	res.Acked, res.Window, res.Capped, res.Errors = cr.Acked, cr.Window, cr.Capped, cr.Errors
+	res.Latency, res.AckLatency, res.Delivered, res.Missing, res.Reconnects = cr.Latency, cr.AckLatency, cr.Delivered, cr.Missing, cr.Reconnects
+	res.ClientCPU, res.SSEErr = cr.CPU, cr.SSEErr
 	return res, nil
 }
 
@@ -274,202 +241,6 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// connectNew starts one eventsclient per task (each its own mTLS
-// connection and task certificate) and waits until every one is welcomed.
-func (e *Env) connectNew(ctx context.Context, sc Scenario, ids []string, addr string) ([]*eventsclient.Client, error) {
-	clients := make([]*eventsclient.Client, 0, len(ids))
-	for _, id := range ids {
-		tlsCfg, err := e.runnerTLS(id)
-		if err != nil {
-			return clients, err
-		}
-		c, err := eventsclient.New(eventsclient.Config{Addr: "passthrough:///" + addr, TLS: tlsCfg, TaskID: id,
-			RunnerVersion: "bench", Logger: e.log, BufferSize: sc.Events + 16,
-			MinBackoff: 20 * time.Millisecond, MaxBackoff: time.Second})
-		if err != nil {
-			return clients, err
-		}
-		clients = append(clients, c)
-		c.Start(ctx)
-	}
-	timeout := time.After(60 * time.Second)
-	for _, c := range clients {
-		select {
-		case <-c.Connected():
-		case <-c.Done():
-			return clients, fmt.Errorf("a runner's stream ended before it was welcomed: %v", c.Err())
-		case <-timeout:
-			return clients, errors.New("the runners' streams were not welcomed within 60s")
-		case <-ctx.Done():
-			return clients, ctx.Err()
-		}
-	}
-	return clients, nil
-}
-
-// closeClients flushes what is left (bounded) and frees the connections.
-func closeClients(clients []*eventsclient.Client) {
-	var wg sync.WaitGroup
-	for _, c := range clients {
-		wg.Go(func() {
-			fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer fcancel()
-			_ = c.Close(fctx)
-		})
-	}
-	wg.Wait()
-}
-
-// runNew streams through the connected clients and returns when every sent
-// event is acknowledged or at the deadline.
-func (e *Env) runNew(ctx context.Context, sc Scenario, clients []*eventsclient.Client, start, deadline time.Time, res *Result) ([]func() int64, time.Time, error) {
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	at := pacer(sc, start)
-	var sent atomic.Int64
-	var sending sync.WaitGroup
-	var sendErr atomic.Value
-	sentAt := make([][]atomic.Int64, len(clients)) // unix nanos of each seq's Send
-	for r := range sentAt {
-		sentAt[r] = make([]atomic.Int64, sc.Events+1)
-	}
-	for r, c := range clients {
-		sending.Go(func() {
-			for i := range sc.Events {
-				if t := at(r, i); !t.IsZero() {
-					if sleepUntil(cctx, t) != nil {
-						return
-					}
-				}
-				if time.Now().After(deadline) {
-					return
-				}
-				ev := workloadEvent(r, i, sc.Events, sc.DiffEvery)
-				now := time.Now()
-				ev.Time = timestamppb.New(now)
-				sentAt[r][i+1].Store(now.UnixNano())
-				if _, err := c.Send(ev); err != nil {
-					sendErr.CompareAndSwap(nil, err)
-					return
-				}
-				sent.Add(1)
-			}
-		})
-	}
-	sendersDone := make(chan struct{})
-	go func() { sending.Wait(); close(sendersDone) }()
-
-	// acked sums the clients' acknowledged seqs and records, for each newly
-	// acknowledged seq, its send-to-ack latency (as seen by this 1 ms poll).
-	seen := make([]int64, len(clients))
-	var ackLat []time.Duration
-	acked := func() int64 {
-		var n int64
-		now := time.Now().UnixNano()
-		for r, c := range clients {
-			a := min(c.Acked(), int64(sc.Events))
-			for seq := seen[r] + 1; seq <= a; seq++ {
-				if t := sentAt[r][seq].Load(); t > 0 {
-					ackLat = append(ackLat, time.Duration(now-t))
-				}
-			}
-			seen[r] = max(seen[r], a)
-			n += a
-		}
-		return n
-	}
-	var end time.Time
-	for {
-		finished := false
-		select {
-		case <-sendersDone:
-			finished = true
-		default:
-		}
-		n := acked()
-		now := time.Now()
-		if finished && n >= sent.Load() {
-			res.Acked, end = n, now
-			break
-		}
-		if now.After(deadline) {
-			res.Acked, end, res.Capped = n, deadline, true
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			return nil, time.Time{}, err
-		}
-		time.Sleep(time.Millisecond)
-	}
-	res.AckLatency = Summarise(ackLat)
-	cancel() // stops pacing; the deferred Close still flushes
-	<-sendersDone
-	if v := sendErr.Load(); v != nil {
-		res.Errors++
-		e.log.Warn("bench: a runner's Send failed", "error", v)
-	}
-	last := make([]func() int64, len(clients))
-	for r, c := range clients {
-		last[r] = c.Acked
-	}
-	return last, end, nil
-}
-
-// runBaseline posts every event and waits for each answer, sequentially
-// per runner, until done or the deadline.
-func (e *Env) runBaseline(ctx context.Context, sc Scenario, ids []string, addr string, start, deadline time.Time, res *Result) ([]func() int64, time.Time, error) {
-	tr := e.newBaselineTransport(addr, sc.Runners)
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-	at := pacer(sc, start)
-	lastOK := make([]atomic.Int64, sc.Runners)
-	var acked, failed atomic.Int64
-	ackLat := make([][]time.Duration, sc.Runners)
-	var wg sync.WaitGroup
-	for r, id := range ids {
-		c := &baselineClient{http: hc, url: "https://" + addr + baselinePath, taskID: id, secret: callbackSecret(e.Baseline.key, id)}
-		wg.Go(func() {
-			for i := range sc.Events {
-				if t := at(r, i); !t.IsZero() {
-					if sleepUntil(ctx, t) != nil {
-						return
-					}
-				}
-				if time.Now().After(deadline) || ctx.Err() != nil {
-					return
-				}
-				ev := workloadEvent(r, i, sc.Events, sc.DiffEvery)
-				ev.Seq = int64(i + 1)
-				sentAt := time.Now()
-				ev.Time = timestamppb.New(sentAt)
-				if err := c.post(ctx, ev); err != nil {
-					if failed.Add(1) == 1 {
-						e.log.Warn("bench: baseline post failed", "error", err)
-					}
-					continue
-				}
-				ackLat[r] = append(ackLat[r], time.Since(sentAt))
-				acked.Add(1)
-				lastOK[r].Store(ev.Seq)
-			}
-		})
-	}
-	wg.Wait()
-	end := time.Now()
-	res.Acked, res.Errors = acked.Load(), failed.Load()
-	var all []time.Duration
-	for _, l := range ackLat {
-		all = append(all, l...)
-	}
-	res.AckLatency = Summarise(all)
-	res.Capped = res.Acked < res.Target && !end.Before(deadline)
-	last := make([]func() int64, sc.Runners)
-	for r := range last {
-		last[r] = lastOK[r].Load
-	}
-	return last, end, nil
 }
 
 func waitGroupTimeout(wg *sync.WaitGroup, d time.Duration) error {

@@ -27,7 +27,6 @@ type watcher struct {
 	reconnects atomic.Int64
 	mu         sync.Mutex
 	lat        []time.Duration
-	recvAt     []time.Time // when each lat was taken
 	errs       []error
 }
 
@@ -90,11 +89,9 @@ func (w *watcher) stream(ctx context.Context, connected func()) error {
 		switch {
 		case len(line) == 0: // end of a message
 			if id > w.last.Load() && !sent.IsZero() {
-				now := time.Now()
-				d := now.Sub(sent)
+				d := time.Since(sent)
 				w.mu.Lock()
 				w.lat = append(w.lat, d)
-				w.recvAt = append(w.recvAt, now)
 				w.mu.Unlock()
 				w.last.Store(id)
 			}

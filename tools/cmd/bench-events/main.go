@@ -56,10 +56,21 @@ func run() error {
 	designs := flag.String("designs", "new,baseline", "designs to run: new, baseline or both")
 	diffEvery := flag.Int("diff-every", 100, "every N-th event is a diff_stats report (0: none); the real runner sends two per task")
 	maxBatch := flag.Int("max-batch", 0, "events.Config.MaxBatch of the Events service (0: its default)")
-	batchDelay := flag.Duration("batch-delay", 0, "events.Config.MaxBatchDelay of the Events service (0: its default)")
-	verbose := flag.Bool("v", false, "log warnings of the servers and clients to stderr")
+	batchDelay := flag.Duration("batch-delay", 0, "events.Config.MaxBatchDelay of the Events service (0, its default: no wait)")
+	verbose := flag.Bool("v", false, "log warnings of the servers and clients to stderr, and the server's Go scheduler latency")
+	clientMode := flag.Bool("client", false, "internal: be the client process of one scenario (spec on stdin, result on stdout)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *clientMode {
+		level := slog.LevelError
+		if *verbose {
+			level = slog.LevelWarn
+		}
+		logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return bench.RunClient(ctx, os.Stdin, os.Stdout, logger.With("process", "clients"))
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -90,7 +101,16 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	began := time.Now()
-	env, err := bench.NewEnv(ctx, bench.EnvOptions{BaselineConns: *runners, Logger: logger, MaxBatch: *maxBatch, MaxBatchDelay: *batchDelay})
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this program to start its client process: %w", err)
+	}
+	clientCmd := []string{self, "-client"}
+	if *verbose {
+		clientCmd = append(clientCmd, "-v")
+	}
+	env, err := bench.NewEnv(ctx, bench.EnvOptions{BaselineConns: *runners, Logger: logger, MaxBatch: *maxBatch, MaxBatchDelay: *batchDelay,
+		ClientCommand: clientCmd})
 	if err != nil {
 		return err
 	}
@@ -142,8 +162,11 @@ func run() error {
 			return fmt.Errorf("%s at rtt %s: %w", sc.Design, sc.RTT, err)
 		}
 		fmt.Fprintf(os.Stderr, " %.0f acked ev/s, p99 %s (%.1fs)\n", r.EventsPerSec(), r.Latency.P99.Round(100*time.Microsecond), time.Since(t0).Seconds())
-		if r.SSEErr != "" && *verbose {
-			fmt.Fprintln(os.Stderr, "  first SSE reconnect cause:", r.SSEErr)
+		if *verbose {
+			fmt.Fprintf(os.Stderr, "  server Go scheduler latency (runnable → running): p50 %s p99 %s p99.99 %s\n", r.Sched.P50, r.Sched.P99, r.Sched.Max)
+			if r.SSEErr != "" {
+				fmt.Fprintln(os.Stderr, "  first SSE reconnect cause:", r.SSEErr)
+			}
 		}
 		results = append(results, r)
 	}
@@ -157,7 +180,7 @@ func run() error {
 	fmt.Println()
 	fmt.Println("acked ev/s: events the server acknowledged (new: Ack after group commit; baseline: 2xx after insert+publish) over the window, first send to last ack, or to the cap when marked (cap).")
 	fmt.Println("ack: runner send → acknowledgement (new: polled every 1 ms). e2e: runner send → SSE client receive, every client's copy. Unpaced new-design runs send everything at once, so their latency is mostly queueing; the paced run is the latency figure.")
-	fmt.Println("cpu: this whole process (servers, runners, proxy, SSE clients) user+sys; pg+redis: local postgres and redis-server processes (approximate). peak rss: VmHWM of this process, reset per run.")
+	fmt.Println("server cpu: the server process (new: Events + Task services and the gateway's SSE handler; baseline: its callback handler and the same SSE handler) user+sys; clients cpu: the client process (runners, SSE clients, delay proxy); pg+redis: local postgres and redis-server processes (approximate). peak rss: VmHWM of the server process, reset per run.")
 	probe("at end")
 	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), loadavg())
 	return nil
