@@ -33,7 +33,14 @@ type Config struct {
 	MaxBatchDelay time.Duration
 	// MaxEventBytes bounds one event's JSON form. Default 64 KiB.
 	MaxEventBytes int
-	// QueueSize is the committer's input queue; a full queue slows the
+	// Committers is the number of group committers, each committing one
+	// transaction at a time: a task's events always go to the same one (by
+	// a hash of its id), so tasks spread over them and their commits
+	// overlap. Default 1: on a 2-core host, more only add PostgreSQL work
+	// (make bench-events -committers N measures it); a larger host with
+	// many runners may gain from 2-4.
+	Committers int
+	// QueueSize is each committer's input queue; a full queue slows the
 	// runner streams down (gRPC flow control). Default 4096.
 	QueueSize int
 }
@@ -45,6 +52,7 @@ const (
 	DefaultMaxBatch          = 500
 	DefaultMaxEventBytes     = 64 << 10
 	DefaultQueueSize         = 4096
+	DefaultCommitters        = 1
 )
 
 func (c Config) withDefaults() Config {
@@ -59,6 +67,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxEventBytes == 0 {
 		c.MaxEventBytes = DefaultMaxEventBytes
+	}
+	if c.Committers == 0 {
+		c.Committers = DefaultCommitters
 	}
 	if c.QueueSize == 0 {
 		c.QueueSize = DefaultQueueSize
@@ -87,6 +98,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxEventBytes < 1024 {
 		errs = append(errs, fmt.Errorf("events: MaxEventBytes %d below 1024", c.MaxEventBytes))
+	}
+	if c.Committers < 1 || c.Committers > 64 {
+		errs = append(errs, fmt.Errorf("events: Committers %d out of range 1..64", c.Committers))
 	}
 	if c.QueueSize < 1 {
 		errs = append(errs, fmt.Errorf("events: QueueSize %d must be positive", c.QueueSize))

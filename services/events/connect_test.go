@@ -3,6 +3,8 @@ package events_test
 import (
 	"context"
 	"crypto/tls"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -121,6 +123,49 @@ func TestRunnerStreamsEveryEventOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestShardedCommittersKeepEachTaskInOrder streams several tasks at once
+// through a replica with three committers: each task's events are stored
+// exactly once and published in order, whichever committer holds them.
+func TestShardedCommittersKeepEachTaskInOrder(t *testing.T) {
+	e := newEnv(t)
+	e.committers = 3
+	in := e.start(t, "127.0.0.1:0")
+	const tasks, n = 6, 150
+	var wg sync.WaitGroup
+	for range tasks {
+		id := e.runningTask(t, "alice")
+		published := collectChannel(t, e, id)
+		c := e.runner(t, in.addr, id)
+		wg.Go(func() {
+			evs, _ := workload(n, completed("https://github.com/acme/widgets/pull/1", 1))
+			for _, ev := range evs {
+				if _, err := c.Send(ev); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := c.Close(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+			select {
+			case seqs := <-published:
+				if !slices.Equal(seqRange(1, n), seqs) {
+					t.Errorf("task %s: published %v, want 1..%d in order", id, seqs, n)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("task %s: the terminal event was never published", id)
+			}
+			if got, distinct, lo, hi := e.storedSeqs(t, id); [4]int64{got, distinct, lo, hi} != [4]int64{n, n, 1, n} {
+				t.Errorf("task %s: stored %d events (%d distinct, %d..%d), want 1..%d once", id, got, distinct, lo, hi, n)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func TestInterruptedStreamLosesNothing(t *testing.T) {

@@ -37,6 +37,8 @@ type env struct {
 	tasks     *task.Store
 	tokens    *auth.Store
 	log       *slog.Logger
+	// committers is events.Config.Committers of the replicas start serves.
+	committers int
 }
 
 func newEnv(t testing.TB) *env {
@@ -65,7 +67,7 @@ func (e *env) start(t testing.TB, addr string) *instance {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	srv, err := events.New(events.Config{TrustDomain: trustDomain, RedisPrefix: e.rds.Prefix, HeartbeatInterval: time.Second},
+	srv, err := events.New(events.Config{TrustDomain: trustDomain, RedisPrefix: e.rds.Prefix, HeartbeatInterval: time.Second, Committers: e.committers},
 		e.db.Pool, e.rds.Client, e.log)
 	require.NoError(t, err)
 	gs := rpcserver.New(rpcserver.Options{

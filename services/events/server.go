@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"strconv"
@@ -40,7 +41,7 @@ type Server struct {
 	log    *slog.Logger
 	store  *Store
 	tasks  *task.Store
-	commit *committer
+	commit []*committer // a task's events always go to commit[shard(task)]
 
 	ctx    context.Context // ends at Close: streams return Unavailable
 	stop   context.CancelFunc
@@ -75,15 +76,27 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Server{
 		cfg: cfg, rdb: rdb, log: logger, store: NewStore(pool), tasks: task.NewStore(pool),
-		commit: newCommitter(cfg, pool, rdb, logger),
-		ctx:    ctx, stop: stop, ready: make(chan struct{}),
+		ctx: ctx, stop: stop, ready: make(chan struct{}),
 		live: map[string]map[*runnerConn]struct{}{},
 	}
-	s.wg.Add(3)
-	go func() { defer s.wg.Done(); s.commit.run(ctx) }()
-	go func() { defer s.wg.Done(); s.commit.runPublisher() }()
+	for range cfg.Committers {
+		c := newCommitter(cfg, pool, rdb, logger)
+		s.commit = append(s.commit, c)
+		s.wg.Add(2)
+		go func() { defer s.wg.Done(); c.run(ctx) }()
+		go func() { defer s.wg.Done(); c.runPublisher() }()
+	}
+	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.runCancels(ctx) }()
 	return s, nil
+}
+
+// committerFor is the committer of a task's events: always the same one, so
+// they are committed in the order they arrive.
+func (s *Server) committerFor(taskID string) *committer {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(taskID))
+	return s.commit[h.Sum32()%uint32(len(s.commit))]
 }
 
 // Store returns the read side of task_events (for the gateway's replay).
@@ -219,6 +232,7 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 		case <-done:
 			return
 		}
+		in := s.committerFor(taskID).in
 		for {
 			m, err := stream.Recv()
 			if err != nil {
@@ -231,7 +245,7 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 				return
 			}
 			select {
-			case s.commit.in <- sub:
+			case in <- sub:
 			case <-done:
 				return
 			case <-s.ctx.Done():

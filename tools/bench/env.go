@@ -106,6 +106,7 @@ type EnvOptions struct {
 	// commit settings (zero keeps its defaults).
 	MaxBatch      int
 	MaxBatchDelay time.Duration
+	Committers    int
 	// ClientCommand starts the client process of each scenario: a program
 	// that calls RunClient (bench-events runs itself with -client).
 	ClientCommand []string
@@ -255,7 +256,7 @@ func (e *Env) startServices(ctx context.Context, o EnvOptions) error {
 	}
 
 	evs, err := events.New(events.Config{TrustDomain: trustDomain, RedisPrefix: e.Prefix,
-		MaxBatch: o.MaxBatch, MaxBatchDelay: o.MaxBatchDelay}, e.Pool, e.Redis, e.log)
+		MaxBatch: o.MaxBatch, MaxBatchDelay: o.MaxBatchDelay, Committers: o.Committers}, e.Pool, e.Redis, e.log)
 	if err != nil {
 		return err
 	}

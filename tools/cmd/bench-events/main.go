@@ -56,6 +56,7 @@ func run() error {
 	designs := flag.String("designs", "new,baseline", "designs to run: new, baseline or both")
 	diffEvery := flag.Int("diff-every", 100, "every N-th event is a diff_stats report (0: none); the real runner sends two per task")
 	maxBatch := flag.Int("max-batch", 0, "events.Config.MaxBatch of the Events service (0: its default)")
+	committers := flag.Int("committers", 0, "events.Config.Committers of the Events service (0: its default)")
 	batchDelay := flag.Duration("batch-delay", 0, "events.Config.MaxBatchDelay of the Events service (0, its default: no wait)")
 	verbose := flag.Bool("v", false, "log warnings of the servers and clients to stderr, and the server's Go scheduler latency")
 	clientMode := flag.Bool("client", false, "internal: be the client process of one scenario (spec on stdin, result on stdout)")
@@ -109,7 +110,7 @@ func run() error {
 	if *verbose {
 		clientCmd = append(clientCmd, "-v")
 	}
-	env, err := bench.NewEnv(ctx, bench.EnvOptions{BaselineConns: *runners, Logger: logger, MaxBatch: *maxBatch, MaxBatchDelay: *batchDelay,
+	env, err := bench.NewEnv(ctx, bench.EnvOptions{BaselineConns: *runners, Logger: logger, MaxBatch: *maxBatch, MaxBatchDelay: *batchDelay, Committers: *committers,
 		ClientCommand: clientCmd})
 	if err != nil {
 		return err
