@@ -89,6 +89,7 @@ type committer struct {
 	log     *slog.Logger
 	in      chan *submission
 	publish chan []published
+	known   map[string]known // tasks this committer wrote last (see transact)
 	// ingested counts events stored (redeliveries excluded).
 	ingested metric.Int64Counter
 }
@@ -97,7 +98,7 @@ func newCommitter(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, log
 	ingested, _ := otel.Meter("github.com/taskrunner/taskrunner/services/events").Int64Counter("taskrunner.events.ingested",
 		metric.WithDescription("Runner events stored in PostgreSQL"))
 	return &committer{cfg: cfg, pool: pool, rdb: rdb, log: log, ingested: ingested,
-		in: make(chan *submission, cfg.QueueSize), publish: make(chan []published, 256)}
+		in: make(chan *submission, cfg.QueueSize), publish: make(chan []published, 256), known: map[string]known{}}
 }
 
 // run commits until ctx ends. Submissions still queued then are dropped: they
@@ -229,6 +230,7 @@ CROSS JOIN LATERAL (SELECT seq FROM task_events e WHERE e.task_id = t.id ORDER B
 SELECT t::uuid, s, ty, p::jsonb FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS u(t, s, ty, p)
 ON CONFLICT (task_id, seq) DO NOTHING`
 	touchHeartbeat = `UPDATE tasks SET heartbeat_at = now() WHERE id = ANY($1::uuid[]) AND status = 'running'`
+	expectTasks    = `SELECT taskrunner_events_expect($1::uuid[], $2::timestamptz[], $3::text[], $4::text[], $5::bigint[])`
 )
 
 // acceptsEvents reports whether a task in status st may still receive runner
@@ -237,15 +239,39 @@ func acceptsEvents(st task.Status) bool {
 	return st == task.StatusProposing || st == task.StatusQueued || st == task.StatusRunning
 }
 
-// transact writes one batch in one transaction of two round trips. The
-// first begins it, locks every task of the batch (task.QueueLock) and reads
-// each task's last stored seq. Events are then checked per task in arrival
-// order (a repeated seq is acknowledged and skipped, a gap or an event
-// after the terminal one is refused) and transitions applied in memory
-// (task.Step). The second round trip inserts the accepted events, saves
-// each changed task once, touches the heartbeats and commits. Nothing the
-// state machine refuses reaches the database, so a refusal never costs the
-// rest of the batch a retry.
+// known is what the committer wrote last for a task: its state and its
+// last stored seq. Only the committer's goroutine touches these.
+type known struct {
+	task task.Task
+	last int64
+}
+
+// maxKnown bounds the committer's memory of tasks; past it, it forgets them
+// all and reads the next batches afresh.
+const maxKnown = 4096
+
+// errStale is the SQLSTATE taskrunner_events_expect raises (migration
+// 00004) when a task changed behind the committer's back.
+const errStale = "TR001"
+
+func isStale(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == errStale
+}
+
+// transact writes one batch in one transaction. Events are checked per task
+// in arrival order (a repeated seq is acknowledged and skipped, a gap or an
+// event after the terminal one is refused) and transitions applied in
+// memory (task.Step), so nothing the state machine refuses reaches the
+// database and a refusal never costs the rest of the batch a retry.
+//
+// When the committer wrote every task of the batch itself last time, it
+// decides from what it remembers and needs one round trip: BEGIN, the
+// taskrunner_events_expect check (which locks the tasks and aborts the
+// transaction if any changed since), the inserts and updates, COMMIT. A
+// stale memory costs a ROLLBACK and the slow path. The slow path takes two:
+// BEGIN with the locks (task.QueueLock) and each task's last stored seq,
+// then the writes and COMMIT.
 //
 // A failed round trip leaves the connection inside a transaction, and the
 // pool destroys such a connection when it is released: nothing half-done
@@ -257,7 +283,6 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 	}
 	defer conn.Release()
 
-	outs := make(map[*submission]outcome, len(batch))
 	var ids, beats []string
 	byTask := map[string][]*submission{}
 	for _, s := range batch {
@@ -267,7 +292,6 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 		}
 		if s.ev == nil {
 			beats = append(beats, s.taskID)
-			outs[s] = outcome{ok: true}
 			continue
 		}
 		byTask[s.taskID] = append(byTask[s.taskID], s)
@@ -276,6 +300,34 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 
 	tasks := make(map[string]task.Task, len(ids))
 	last := make(map[string]int64, len(ids))
+	fast := true
+	for _, id := range ids {
+		k, ok := c.known[id]
+		if !ok {
+			fast = false
+			break
+		}
+		tasks[id], last[id] = k.task, k.last
+	}
+	if fast {
+		outs, pubs, err := c.write(ctx, conn, batch, ids, beats, byTask, tasks, last, true)
+		if err == nil || !isStale(err) {
+			if err != nil {
+				clear(c.known)
+			}
+			return outs, pubs, err
+		}
+		// Someone else moved a task: forget, roll back, read afresh.
+		for _, id := range ids {
+			delete(c.known, id)
+		}
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+			return nil, nil, err
+		}
+		clear(tasks)
+		clear(last)
+	}
+
 	read := &pgx.Batch{}
 	read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	task.QueueLock(read, ids, tasks)
@@ -291,15 +343,46 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 		return rows.Err()
 	})
 	if err := conn.SendBatch(ctx, read).Close(); err != nil {
+		clear(c.known)
 		return nil, nil, err
 	}
+	outs, pubs, err := c.write(ctx, conn, batch, ids, beats, byTask, tasks, last, false)
+	if err != nil {
+		clear(c.known)
+	}
+	return outs, pubs, err
+}
 
+// write decides every event of the batch from tasks and last (the tasks'
+// states and last stored seqs) and sends the writes and the COMMIT in one
+// round trip; begin also opens the transaction and checks that tasks and
+// last still hold (the fast path). After a commit it remembers each task's
+// new state.
+func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, batch []*submission, ids, beats []string,
+	byTask map[string][]*submission, tasks map[string]task.Task, last map[string]int64, begin bool) (map[*submission]outcome, []published, error) {
+	outs := make(map[*submission]outcome, len(batch))
+	for _, s := range batch {
+		if s.ev == nil {
+			outs[s] = outcome{ok: true} // a heartbeat
+		}
+	}
 	var (
 		rTask, rType, rPayload []string
 		rSeq                   []int64
 		pubs                   []published
+		saved                  []task.Task
 	)
+	finals := make(map[string]known, len(ids))
 	write := &pgx.Batch{}
+	if begin {
+		write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+		stamps, statuses, stages, seqs := make([]time.Time, len(ids)), make([]string, len(ids)), make([]string, len(ids)), make([]int64, len(ids))
+		for i, id := range ids {
+			t := tasks[id]
+			stamps[i], statuses[i], stages[i], seqs[i] = t.UpdatedAt, string(t.Status), string(t.Stage), last[id]
+		}
+		write.Queue(expectTasks, ids, stamps, statuses, stages, seqs)
+	}
 	for _, id := range ids {
 		t, exists := tasks[id]
 		cur := last[id]
@@ -343,8 +426,12 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 			rTask, rSeq, rType, rPayload = append(rTask, id), append(rSeq, seq), append(rType, s.typ), append(rPayload, string(s.payload))
 			pubs = append(pubs, published{channel: Channel(c.cfg.RedisPrefix, id), payload: EncodeMessage(seq, s.typ, s.payload)})
 		}
+		if !exists {
+			continue
+		}
+		finals[id] = known{task: t, last: cur}
 		if changed {
-			task.QueueSave(write, t, false)
+			task.QueueSave(write, t, false, func(n task.Task) { saved = append(saved, n) })
 		}
 	}
 	if len(rSeq) > 0 {
@@ -361,6 +448,24 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 	})
 	if err := conn.SendBatch(ctx, write).Close(); err != nil {
 		return nil, nil, err
+	}
+
+	// Remember what was written: the saved rows carry the database's
+	// updated_at, the others are as they were read or remembered.
+	for _, n := range saved {
+		k := finals[n.ID]
+		k.task = n
+		finals[n.ID] = k
+	}
+	if len(c.known)+len(finals) > maxKnown {
+		clear(c.known)
+	}
+	for id, k := range finals {
+		if acceptsEvents(k.task.Status) {
+			c.known[id] = k
+		} else {
+			delete(c.known, id) // finished: no more events to write
+		}
 	}
 	return outs, pubs, nil
 }

@@ -158,6 +158,93 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 	require.Equal(t, int64(1), got.LastSeq)
 }
 
+// TestCommitterNoticesTasksChangedBehindItsBack covers the one-round-trip
+// path: the committer decides from what it wrote last, and a task moved by
+// someone else meanwhile (a cancel through the API, another replica storing
+// the runner's events) must be read afresh, not overwritten.
+func TestCommitterNoticesTasksChangedBehindItsBack(t *testing.T) {
+	db := storetest.NewDB(t)
+	rds := storetest.NewRedis(t)
+	ctx := context.Background()
+	tasks := task.NewStore(db.Pool)
+	running := func() string {
+		tk, _, err := tasks.Create(ctx, task.NewTask{Owner: "alice", Repo: "acme/widgets", BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, tk.ID)
+		require.NoError(t, err)
+		_, _, err = tasks.Advance(ctx, tk.ID, "", task.Advance{Status: task.StatusRunning, RequestID: "d"})
+		require.NoError(t, err)
+		return tk.ID
+	}
+	cfg := Config{TrustDomain: "t.dev", RedisPrefix: rds.Prefix}.withDefaults()
+	c := newCommitter(cfg, db.Pool, rds.Client, slog.New(slog.DiscardHandler))
+	other := newCommitter(cfg, db.Pool, rds.Client, slog.New(slog.DiscardHandler)) // another replica
+	sub := func(id string, s *sink, seq int64, ev *taskrunnerv1.Event) *submission {
+		ev.Seq = seq
+		payload, err := EncodeEvent(ev)
+		require.NoError(t, err)
+		return &submission{taskID: id, ev: ev, typ: TypeName(ev), payload: payload, sink: s}
+	}
+	stage := func(s taskrunnerv1.TaskStage) *taskrunnerv1.Event {
+		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: s}}}
+	}
+	line := func() *taskrunnerv1.Event {
+		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{"x"}}}}
+	}
+	count := func(id string) (n int64) {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, id).Scan(&n))
+		return n
+	}
+	a, b := running(), running()
+	sa, sb := newSink(), newSink()
+	c.commit([]*submission{sub(a, sa, 1, stage(taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE)), sub(a, sa, 2, line()), sub(b, sb, 1, line())})
+	require.Contains(t, c.known, a, "the committer remembers the tasks it wrote")
+	require.Equal(t, int64(2), c.known[a].last)
+	require.Equal(t, task.StageExplore, c.known[a].task.Stage)
+
+	// Remembered and unchanged: the next batch takes the one-round-trip path.
+	c.commit([]*submission{sub(a, sa, 3, line())})
+	ack, err := sa.state()
+	require.NoError(t, err)
+	require.Equal(t, int64(3), ack)
+
+	// A is cancelled through the API: its next event is refused.
+	_, _, err = tasks.Advance(ctx, a, "", task.Advance{Status: task.StatusCancelled, FailedReason: "stop", RequestID: "cancel"})
+	require.NoError(t, err)
+	c.commit([]*submission{sub(a, sa, 4, line())})
+	_, err = sa.state()
+	require.ErrorIs(t, err, errs.ErrInvalidTransition)
+	require.Equal(t, int64(3), count(a))
+	got, err := tasks.Get(ctx, a, "")
+	require.NoError(t, err)
+	require.Equal(t, task.StatusCancelled, got.Status, "the cancel must not be overwritten")
+	require.NotContains(t, c.known, a)
+
+	// Another replica stored B's seq 2 and 3 and moved its stage: this
+	// committer's B is behind. Its resend of 2..4 stores only 4.
+	so := newSink()
+	other.commit([]*submission{sub(b, so, 2, line()), sub(b, so, 3, stage(taskrunnerv1.TaskStage_TASK_STAGE_PROPOSE))})
+	ack, err = so.state()
+	require.NoError(t, err)
+	require.Equal(t, int64(3), ack)
+	c.commit([]*submission{sub(b, sb, 2, line()), sub(b, sb, 3, stage(taskrunnerv1.TaskStage_TASK_STAGE_PROPOSE)), sub(b, sb, 4, stage(taskrunnerv1.TaskStage_TASK_STAGE_APPLY))})
+	ack, err = sb.state()
+	require.NoError(t, err)
+	require.Equal(t, int64(4), ack)
+	require.Equal(t, int64(4), count(b))
+	got, err = tasks.Get(ctx, b, "")
+	require.NoError(t, err)
+	require.Equal(t, task.StageApply, got.Stage)
+	require.Equal(t, int64(4), got.LastSeq)
+	require.Equal(t, int64(4), c.known[b].last)
+
+	// Every pooled connection is still usable after the rolled-back checks.
+	var one int
+	for range db.Pool.Config().MaxConns {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT 1`).Scan(&one))
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	cases := []struct {
 		name string

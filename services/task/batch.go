@@ -54,9 +54,21 @@ func Step(cur Task, a Advance) (next Task, applied bool, err error) {
 }
 
 // QueueSave queues the update that writes t's state as Step left it;
-// heartbeat also stamps heartbeat_at.
-func QueueSave(b *pgx.Batch, t Task, heartbeat bool) {
-	b.Queue(updateAdvance, saveArgs(t, t.LastSeq, heartbeat)...)
+// heartbeat also stamps heartbeat_at. saved, if not nil, receives the row
+// as written (updated_at is the database's) when the results are read.
+func QueueSave(b *pgx.Batch, t Task, heartbeat bool, saved func(Task)) {
+	q := b.Queue(updateAdvance, saveArgs(t, t.LastSeq, heartbeat)...)
+	if saved == nil {
+		return
+	}
+	q.QueryRow(func(row pgx.Row) error {
+		n, err := scanTask(row)
+		if err != nil {
+			return err
+		}
+		saved(n)
+		return nil
+	})
 }
 
 // saveArgs are updateAdvance's parameters for task state n.
