@@ -47,6 +47,9 @@ type Daemon struct {
 	RunnerCAKeyFile string `env:"TASKRUNNER_RUNNER_CA_KEY_FILE"`
 	TrustDomain     string `env:"TASKRUNNER_TRUST_DOMAIN" envDefault:"taskrunner.local"`
 	RedisPrefix     string `env:"TASKRUNNER_REDIS_PREFIX"`
+	// EventsCommitters is events.Config.Committers: group committers,
+	// each a transaction at a time, the tasks spread over them.
+	EventsCommitters int `env:"TASKRUNNER_EVENTS_COMMITTERS" envDefault:"1"`
 
 	// SandboxProvider selects where Dispatch runs tasks.
 	SandboxProvider  string `env:"TASKRUNNER_SANDBOX_PROVIDER" envDefault:"process"`
@@ -120,6 +123,9 @@ func (d Daemon) Validate() error {
 		if _, _, err := net.SplitHostPort(d.RunnerGRPCAddr); err != nil {
 			return fmt.Errorf("TASKRUNNER_RUNNER_GRPC_ADDR: want host:port, got %q", d.RunnerGRPCAddr)
 		}
+	}
+	if d.EventsCommitters < 1 || d.EventsCommitters > 64 {
+		return fmt.Errorf("TASKRUNNER_EVENTS_COMMITTERS: want 1 to 64, got %d", d.EventsCommitters)
 	}
 	if (d.TLSCertFile != "" || d.TLSKeyFile != "") && !d.TLSConfigured() {
 		return fmt.Errorf("TASKRUNNER_TLS_CERT_FILE, TASKRUNNER_TLS_KEY_FILE and TASKRUNNER_RUNNER_CA_FILE must be set together")

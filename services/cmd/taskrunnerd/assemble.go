@@ -86,7 +86,7 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 		register(taskrunnerv1.TaskService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterTaskServiceServer(s, taskSrv) })
 	}
 	if has(config.ServiceEvents) {
-		ev, err := events.New(events.Config{TrustDomain: cfg.TrustDomain, RedisPrefix: cfg.RedisPrefix}, pool, rdb, logger)
+		ev, err := events.New(events.Config{TrustDomain: cfg.TrustDomain, RedisPrefix: cfg.RedisPrefix, Committers: cfg.EventsCommitters}, pool, rdb, logger)
 		if err != nil {
 			return nil, err
 		}

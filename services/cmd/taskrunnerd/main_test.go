@@ -42,10 +42,11 @@ func freeAddr(t *testing.T) string {
 func TestConfigErrorsNameTheVariable(t *testing.T) {
 	bin := buildDaemon(t)
 	cases := map[string]string{
-		"TASKRUNNER_DATABASE_URL": "mysql://x",
-		"TASKRUNNER_GRPC_ADDR":    "nonsense",
-		"TASKRUNNER_SERVICES":     "task,billing",
-		"TASKRUNNER_LOG_LEVEL":    "loud",
+		"TASKRUNNER_DATABASE_URL":      "mysql://x",
+		"TASKRUNNER_GRPC_ADDR":         "nonsense",
+		"TASKRUNNER_SERVICES":          "task,billing",
+		"TASKRUNNER_LOG_LEVEL":         "loud",
+		"TASKRUNNER_EVENTS_COMMITTERS": "0",
 	}
 	for name, val := range cases {
 		t.Run(name, func(t *testing.T) {
