@@ -244,3 +244,36 @@ func TestBufferFullRefusesOnlyDroppableEvents(t *testing.T) {
 	_, err = c.Send(logEvent())
 	require.ErrorIs(t, err, eventsclient.ErrClosed)
 }
+
+// TestConnectedAfterTheFirstWelcome: Connected stays open while the server
+// refuses the stream and closes at the first Welcome.
+func TestConnectedAfterTheFirstWelcome(t *testing.T) {
+	welcomeNow := make(chan struct{})
+	f := &fakeServer{handle: func(attempt int, _ *taskrunnerv1.Hello, s connectStream) error {
+		select {
+		case <-welcomeNow:
+		default:
+			return status.Error(codes.Unavailable, "not yet")
+		}
+		if err := s.Send(welcome(0)); err != nil {
+			return err
+		}
+		for {
+			if _, err := s.Recv(); err != nil {
+				return nil
+			}
+		}
+	}}
+	c := start(t, f, eventsclient.Config{})
+	select {
+	case <-c.Connected():
+		t.Fatal("Connected closed before any Welcome")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(welcomeNow)
+	select {
+	case <-c.Connected():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Connected did not close after the Welcome")
+	}
+}
