@@ -2,9 +2,12 @@ package bench
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -16,7 +19,68 @@ import (
 	"github.com/taskrunner/taskrunner/services/events"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// clientEnv makes this test binary the benchmark's client process (see
+// TestScenariosEndToEnd).
+const clientEnv = "TASKRUNNER_BENCH_TEST_CLIENT"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(clientEnv) == "1" {
+		if err := RunClient(context.Background(), os.Stdin, os.Stdout, slog.New(slog.DiscardHandler)); err != nil {
+			fmt.Fprintln(os.Stderr, "bench client:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// TestScenariosEndToEnd runs small scenarios of both designs, and a paced
+// one, through the real parent/child protocol against the real PostgreSQL
+// and Redis: every event is acknowledged and stored once, every SSE client
+// gets every event of its task, and the measurements are filled in.
+func TestScenariosEndToEnd(t *testing.T) {
+	ctx := context.Background()
+	env, err := NewEnv(ctx, EnvOptions{BaselineConns: 2, Logger: slog.New(slog.DiscardHandler), ClientCommand: []string{os.Args[0], "-test.run=^$"}})
+	if err != nil {
+		if os.Getenv("TASKRUNNER_REQUIRE_SERVICES") != "" {
+			t.Fatalf("PostgreSQL and Redis are required: %v", err)
+		}
+		t.Skipf("PostgreSQL or Redis unavailable: %v", err)
+	}
+	defer env.Close()
+	t.Setenv(clientEnv, "1") // inherited by the client processes
+	base := Scenario{Runners: 2, Events: 40, SSE: 3, Cap: 20 * time.Second, Drain: 10 * time.Second, DiffEvery: 10}
+	for _, sc := range []Scenario{
+		{Design: DesignNew},
+		{Design: DesignBaseline},
+		{Design: DesignNew, Rate: 200},
+		{Design: DesignNew, RTT: 20 * time.Millisecond},
+	} {
+		sc.Runners, sc.Events, sc.SSE, sc.Cap, sc.Drain, sc.DiffEvery = base.Runners, base.Events, base.SSE, base.Cap, base.Drain, base.DiffEvery
+		t.Run(fmt.Sprintf("%s rate %.0f rtt %s", shortDesign(sc.Design), sc.Rate, sc.RTT), func(t *testing.T) {
+			r, err := env.Run(ctx, sc)
+			require.NoError(t, err)
+			require.Equal(t, int64(80), r.Target)
+			require.Equal(t, r.Target, r.Acked, "every event acknowledged")
+			require.False(t, r.Capped)
+			require.Zero(t, r.Errors)
+			require.Zero(t, r.Missing, "every SSE client got every event of its task")
+			require.Equal(t, int64(3*40), r.Delivered) // two clients on task 0, one on task 1
+			require.Equal(t, 120, r.Latency.N)
+			require.Positive(t, r.Latency.P50)
+			require.Equal(t, 80, r.AckLatency.N)
+			require.Positive(t, r.Window)
+			require.Positive(t, r.CPU)
+			require.Positive(t, r.ClientCPU)
+			if sc.RTT > 0 {
+				require.GreaterOrEqual(t, r.AckLatency.P50, sc.RTT, "acks waited for the added round trip")
+			}
+		})
+	}
+	var stored int64
+	require.NoError(t, env.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events`).Scan(&stored))
+	require.Equal(t, int64(4*80), stored, "each event stored once")
+}
 
 func TestPercentile(t *testing.T) {
 	ms := func(ns ...int) []time.Duration {
