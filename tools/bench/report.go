@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -103,15 +105,31 @@ func Goals(results []Result) []Verdict {
 		}
 	}
 	latency := Verdict{Goal: fmt.Sprintf("no added rtt, p99 e2e < %s at %.0f events/s with %d SSE clients", GoalP99, GoalRate, GoalSSEClients)}
+	var trials []Result
 	for _, r := range results {
-		if r.Design != DesignNew || r.Rate != GoalRate || r.RTT != 0 || r.SSE != GoalSSEClients {
-			continue
+		if r.Design == DesignNew && r.Rate == GoalRate && r.RTT == 0 && r.SSE == GoalSSEClients {
+			trials = append(trials, r)
 		}
-		achieved := r.EventsPerSec()
+	}
+	if len(trials) > 0 {
+		// The median trial by p99; every trial must reach the rate and
+		// deliver everything.
+		sorted := slices.Clone(trials)
+		slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.Latency.P99, b.Latency.P99) })
+		med := sorted[(len(sorted)-1)/2]
+		complete := true
+		var p99s []string
+		for _, r := range trials {
+			complete = complete && r.EventsPerSec() >= 0.95*GoalRate && r.Missing == 0
+			p99s = append(p99s, ms(r.Latency.P99))
+		}
 		latency.Run = true
-		latency.Pass = r.Latency.P99 < GoalP99 && achieved >= 0.95*GoalRate && r.Missing == 0
-		latency.Measured = fmt.Sprintf("p99 %s ms at %.0f acked ev/s (%d runners), %d SSE messages, %d missing",
-			ms(r.Latency.P99), achieved, r.Runners, r.Delivered, r.Missing)
+		latency.Pass = med.Latency.P99 < GoalP99 && complete
+		latency.Measured = fmt.Sprintf("p99 %s ms (median of %d trials: %s ms) at %.0f acked ev/s (%d runners), %d SSE messages per trial, %d missing",
+			ms(med.Latency.P99), len(trials), strings.Join(p99s, ", "), med.EventsPerSec(), med.Runners, med.Delivered, med.Missing)
+		if !complete {
+			latency.Measured += "; a trial missed the rate or lost events"
+		}
 	}
 	return []Verdict{ratio, latency}
 }
