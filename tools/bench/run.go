@@ -63,6 +63,7 @@ type Result struct {
 	ServerCPU  time.Duration // local postgres + redis-server processes, same window
 	PeakRSSKB  int64         // VmHWM of the server process during the run
 	Sched      Latencies     // the server process's Go scheduler latency (runnable → running)
+	Host       HostShares    // the host's idle and stolen CPU over the window
 	SSEErr     string        // the first SSE stream error, if any
 }
 
@@ -182,7 +183,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 	if !resetPeakRSS() {
 		e.log.Warn("bench: cannot reset VmHWM; peak memory is the process's peak so far")
 	}
-	cpu0, srv0, sched0 := cpuTime(), serverCPU("postgres", "redis-server"), schedSample()
+	cpu0, srv0, sched0, host0 := cpuTime(), serverCPU("postgres", "redis-server"), schedSample(), readHostTimes()
 	if _, err := fmt.Fprintln(stdin, lineGo); err != nil {
 		return res, err
 	}
@@ -193,6 +194,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 	res.ServerCPU = serverCPU("postgres", "redis-server") - srv0
 	res.PeakRSSKB = procStatusKB("VmHWM")
 	res.Sched = schedLatencies(sched0, schedSample())
+	res.Host = hostShares(host0, readHostTimes())
 
 	line, err := rd.ReadBytes('\n')
 	if err != nil {

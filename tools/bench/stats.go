@@ -118,3 +118,43 @@ func statTicks(stat string, names []string) int64 {
 	s, _ := strconv.ParseInt(f[12], 10, 64)
 	return u + s
 }
+
+// hostTimes is the first line of /proc/stat: jiffies of every CPU in each
+// state, for the host's idle and steal shares over a window.
+type hostTimes struct{ total, idle, steal int64 }
+
+func readHostTimes() hostTimes {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return hostTimes{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return hostTimes{}
+	}
+	var h hostTimes
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		h.total += n
+		switch i {
+		case 3, 4: // idle, iowait
+			h.idle += n
+		case 7:
+			h.steal += n
+		}
+	}
+	return h
+}
+
+// HostShares is how the host's CPUs spent a window: idle (with iowait) and
+// stolen by the hypervisor for other guests, in percent.
+type HostShares struct{ Idle, Steal float64 }
+
+func hostShares(a, b hostTimes) HostShares {
+	d := b.total - a.total
+	if d <= 0 {
+		return HostShares{}
+	}
+	return HostShares{Idle: 100 * float64(b.idle-a.idle) / float64(d), Steal: 100 * float64(b.steal-a.steal) / float64(d)}
+}
