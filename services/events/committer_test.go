@@ -16,40 +16,72 @@ import (
 	"github.com/taskrunner/taskrunner/services/task"
 )
 
+// committerEnv is a committer on a database and Redis of its own, with
+// helpers to build its input.
+type committerEnv struct {
+	t     *testing.T
+	ctx   context.Context
+	db    *storetest.DB
+	rds   *storetest.Redis
+	tasks *task.Store
+	cfg   Config
+}
+
+func newCommitterEnv(t *testing.T) *committerEnv {
+	db := storetest.NewDB(t)
+	rds := storetest.NewRedis(t)
+	return &committerEnv{t: t, ctx: context.Background(), db: db, rds: rds, tasks: task.NewStore(db.Pool),
+		cfg: Config{TrustDomain: "t.dev", RedisPrefix: rds.Prefix}.withDefaults()}
+}
+
+// committer is a new committer (each one stands for another replica).
+func (e *committerEnv) committer() *committer {
+	return newCommitter(e.cfg, e.db.Pool, e.rds.Client, slog.New(slog.DiscardHandler))
+}
+
+// running creates a task of alice's and moves it to running as Dispatch does.
+func (e *committerEnv) running() string {
+	tk, _, err := e.tasks.Create(e.ctx, task.NewTask{Owner: "alice", Repo: "acme/widgets", BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
+	require.NoError(e.t, err)
+	_, err = e.db.Pool.Exec(e.ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, tk.ID)
+	require.NoError(e.t, err)
+	_, _, err = e.tasks.Advance(e.ctx, tk.ID, "", task.Advance{Status: task.StatusRunning, RequestID: "d"})
+	require.NoError(e.t, err)
+	return tk.ID
+}
+
+// sub numbers ev and makes it the committer's work, as Connect does.
+func (e *committerEnv) sub(id string, s *sink, seq int64, ev *taskrunnerv1.Event) *submission {
+	ev.Seq = seq
+	payload, err := EncodeEvent(ev)
+	require.NoError(e.t, err)
+	return &submission{taskID: id, ev: ev, typ: TypeName(ev), payload: payload, sink: s}
+}
+
+// count is the number of events stored for a task.
+func (e *committerEnv) count(id string) (n int64) {
+	require.NoError(e.t, e.db.Pool.QueryRow(e.ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, id).Scan(&n))
+	return n
+}
+
+func stageEv(s taskrunnerv1.TaskStage) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: s}}}
+}
+
+func lineEv() *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{"x"}}}}
+}
+
 // TestBatchRefusalIsolatesTasks commits one batch holding two tasks' events
 // where one of task A's events breaks the state machine: A keeps what came
 // before it, B is untouched by A's refusal, and only stored events are
 // published.
 func TestBatchRefusalIsolatesTasks(t *testing.T) {
-	db := storetest.NewDB(t)
-	rds := storetest.NewRedis(t)
-	ctx := context.Background()
-	tasks := task.NewStore(db.Pool)
-	running := func() string {
-		tk, _, err := tasks.Create(ctx, task.NewTask{Owner: "alice", Repo: "acme/widgets", BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
-		require.NoError(t, err)
-		_, err = db.Pool.Exec(ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, tk.ID)
-		require.NoError(t, err)
-		_, _, err = tasks.Advance(ctx, tk.ID, "", task.Advance{Status: task.StatusRunning, RequestID: "d"})
-		require.NoError(t, err)
-		return tk.ID
-	}
-	a, b := running(), running()
-	cfg := Config{TrustDomain: "t.dev", RedisPrefix: rds.Prefix}.withDefaults()
-	c := newCommitter(cfg, db.Pool, rds.Client, slog.New(slog.DiscardHandler))
+	e := newCommitterEnv(t)
+	ctx, tasks, sub, st, line, count := e.ctx, e.tasks, e.sub, stageEv, lineEv, e.count
+	a, b := e.running(), e.running()
+	c := e.committer()
 	sinkA, sinkB := newSink(), newSink()
-	sub := func(id string, s *sink, seq int64, ev *taskrunnerv1.Event) *submission {
-		ev.Seq = seq
-		payload, err := EncodeEvent(ev)
-		require.NoError(t, err)
-		return &submission{taskID: id, ev: ev, typ: TypeName(ev), payload: payload, sink: s}
-	}
-	st := func(s taskrunnerv1.TaskStage) *taskrunnerv1.Event {
-		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: s}}}
-	}
-	line := func() *taskrunnerv1.Event {
-		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{"x"}}}}
-	}
 	batch := []*submission{
 		sub(a, sinkA, 1, st(taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE)),
 		sub(b, sinkB, 1, st(taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE)),
@@ -81,10 +113,6 @@ func TestBatchRefusalIsolatesTasks(t *testing.T) {
 	require.NotNil(t, tb.HeartbeatAt)
 	require.WithinDuration(t, time.Now(), *tb.HeartbeatAt, time.Minute)
 
-	count := func(id string) (n int64) {
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, id).Scan(&n))
-		return n
-	}
 	require.Equal(t, int64(2), count(a))
 	require.Equal(t, int64(3), count(b))
 
@@ -100,39 +128,28 @@ func TestBatchRefusalIsolatesTasks(t *testing.T) {
 		require.Equal(t, TypeName(ev), msg.Type)
 		got[p.channel] = append(got[p.channel], ev.GetSeq())
 	}
-	require.Equal(t, map[string][]int64{Channel(rds.Prefix, a): {1, 2}, Channel(rds.Prefix, b): {1, 2, 3}}, got)
+	require.Equal(t, map[string][]int64{Channel(e.rds.Prefix, a): {1, 2}, Channel(e.rds.Prefix, b): {1, 2, 3}}, got)
 }
 
 // TestFailedBatchCommitsNothing breaks the second round trip of a batch
 // (a payload PostgreSQL cannot parse): nothing of the batch is stored, every
 // stream is told to resend, and the pool's next batch commits normally.
 func TestFailedBatchCommitsNothing(t *testing.T) {
-	db := storetest.NewDB(t)
-	rds := storetest.NewRedis(t)
-	ctx := context.Background()
-	tasks := task.NewStore(db.Pool)
-	tk, _, err := tasks.Create(ctx, task.NewTask{Owner: "alice", Repo: "acme/widgets", BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, tk.ID)
-	require.NoError(t, err)
-	_, _, err = tasks.Advance(ctx, tk.ID, "", task.Advance{Status: task.StatusRunning, RequestID: "d"})
-	require.NoError(t, err)
-
-	cfg := Config{TrustDomain: "t.dev", RedisPrefix: rds.Prefix}.withDefaults()
-	c := newCommitter(cfg, db.Pool, rds.Client, slog.New(slog.DiscardHandler))
+	e := newCommitterEnv(t)
+	ctx, db, tasks := e.ctx, e.db, e.tasks
+	id := e.running()
+	c := e.committer()
 	stage := &taskrunnerv1.Event{Seq: 1, Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE}}}
 	good, err := EncodeEvent(stage)
 	require.NoError(t, err)
 	s1 := newSink()
-	c.commit([]*submission{{taskID: tk.ID, ev: stage, typ: TypeName(stage), payload: []byte("{not json"), sink: s1}})
+	c.commit([]*submission{{taskID: id, ev: stage, typ: TypeName(stage), payload: []byte("{not json"), sink: s1}})
 	ack, err := s1.state()
 	require.Zero(t, ack)
 	st, _ := errs.ToStatus(err)
 	require.Equal(t, codes.Unavailable, st.Code())
-	var n int64
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, tk.ID).Scan(&n))
-	require.Zero(t, n)
-	got, err := tasks.Get(ctx, tk.ID, "")
+	require.Zero(t, e.count(id))
+	got, err := tasks.Get(ctx, id, "")
 	require.NoError(t, err)
 	require.Equal(t, task.StageNone, got.Stage, "the stage change of the failed batch must not be committed")
 	select {
@@ -145,14 +162,13 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 	// failed transaction), and the resent event is stored once.
 	for range db.Pool.Config().MaxConns {
 		s2 := newSink()
-		c.commit([]*submission{{taskID: tk.ID, ev: stage, typ: TypeName(stage), payload: good, sink: s2}})
+		c.commit([]*submission{{taskID: id, ev: stage, typ: TypeName(stage), payload: good, sink: s2}})
 		ack, err = s2.state()
 		require.NoError(t, err)
 		require.Equal(t, int64(1), ack)
 	}
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, tk.ID).Scan(&n))
-	require.Equal(t, int64(1), n)
-	got, err = tasks.Get(ctx, tk.ID, "")
+	require.Equal(t, int64(1), e.count(id))
+	got, err = tasks.Get(ctx, id, "")
 	require.NoError(t, err)
 	require.Equal(t, task.StageExplore, got.Stage)
 	require.Equal(t, int64(1), got.LastSeq)
@@ -163,39 +179,11 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 // someone else meanwhile (a cancel through the API, another replica storing
 // the runner's events) must be read afresh, not overwritten.
 func TestCommitterNoticesTasksChangedBehindItsBack(t *testing.T) {
-	db := storetest.NewDB(t)
-	rds := storetest.NewRedis(t)
-	ctx := context.Background()
-	tasks := task.NewStore(db.Pool)
-	running := func() string {
-		tk, _, err := tasks.Create(ctx, task.NewTask{Owner: "alice", Repo: "acme/widgets", BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
-		require.NoError(t, err)
-		_, err = db.Pool.Exec(ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, tk.ID)
-		require.NoError(t, err)
-		_, _, err = tasks.Advance(ctx, tk.ID, "", task.Advance{Status: task.StatusRunning, RequestID: "d"})
-		require.NoError(t, err)
-		return tk.ID
-	}
-	cfg := Config{TrustDomain: "t.dev", RedisPrefix: rds.Prefix}.withDefaults()
-	c := newCommitter(cfg, db.Pool, rds.Client, slog.New(slog.DiscardHandler))
-	other := newCommitter(cfg, db.Pool, rds.Client, slog.New(slog.DiscardHandler)) // another replica
-	sub := func(id string, s *sink, seq int64, ev *taskrunnerv1.Event) *submission {
-		ev.Seq = seq
-		payload, err := EncodeEvent(ev)
-		require.NoError(t, err)
-		return &submission{taskID: id, ev: ev, typ: TypeName(ev), payload: payload, sink: s}
-	}
-	stage := func(s taskrunnerv1.TaskStage) *taskrunnerv1.Event {
-		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: s}}}
-	}
-	line := func() *taskrunnerv1.Event {
-		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{"x"}}}}
-	}
-	count := func(id string) (n int64) {
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, id).Scan(&n))
-		return n
-	}
-	a, b := running(), running()
+	e := newCommitterEnv(t)
+	ctx, db, tasks, sub, stage, line, count := e.ctx, e.db, e.tasks, e.sub, stageEv, lineEv, e.count
+	c := e.committer()
+	other := e.committer() // another replica
+	a, b := e.running(), e.running()
 	sa, sb := newSink(), newSink()
 	c.commit([]*submission{sub(a, sa, 1, stage(taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE)), sub(a, sa, 2, line()), sub(b, sb, 1, line())})
 	require.Contains(t, c.known, a, "the committer remembers the tasks it wrote")
