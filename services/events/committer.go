@@ -259,6 +259,33 @@ func isStale(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == errStale
 }
 
+// grouped is a batch by task: the task ids in id order (the locking
+// order), each task's events in arrival order, and the tasks that sent a
+// heartbeat.
+type grouped struct {
+	batch  []*submission
+	ids    []string
+	byTask map[string][]*submission
+	beats  []string
+}
+
+func groupBatch(batch []*submission) grouped {
+	g := grouped{batch: batch, byTask: map[string][]*submission{}}
+	for _, s := range batch {
+		if _, seen := g.byTask[s.taskID]; !seen {
+			g.ids = append(g.ids, s.taskID)
+			g.byTask[s.taskID] = nil
+		}
+		if s.ev == nil {
+			g.beats = append(g.beats, s.taskID)
+			continue
+		}
+		g.byTask[s.taskID] = append(g.byTask[s.taskID], s)
+	}
+	slices.Sort(g.ids)
+	return g
+}
+
 // transact writes one batch in one transaction. Events are checked per task
 // in arrival order (a repeated seq is acknowledged and skipped, a gap or an
 // event after the terminal one is refused) and transitions applied in
@@ -283,21 +310,8 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 	}
 	defer conn.Release()
 
-	var ids, beats []string
-	byTask := map[string][]*submission{}
-	for _, s := range batch {
-		if _, seen := byTask[s.taskID]; !seen {
-			ids = append(ids, s.taskID)
-			byTask[s.taskID] = nil
-		}
-		if s.ev == nil {
-			beats = append(beats, s.taskID)
-			continue
-		}
-		byTask[s.taskID] = append(byTask[s.taskID], s)
-	}
-	slices.Sort(ids)
-
+	g := groupBatch(batch)
+	ids := g.ids
 	tasks := make(map[string]task.Task, len(ids))
 	last := make(map[string]int64, len(ids))
 	fast := true
@@ -310,7 +324,7 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 		tasks[id], last[id] = k.task, k.last
 	}
 	if fast {
-		outs, pubs, err := c.write(ctx, conn, batch, ids, beats, byTask, tasks, last, true)
+		outs, pubs, err := c.write(ctx, conn, g, tasks, last, true)
 		if err == nil || !isStale(err) {
 			if err != nil {
 				clear(c.known)
@@ -346,7 +360,7 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 		clear(c.known)
 		return nil, nil, err
 	}
-	outs, pubs, err := c.write(ctx, conn, batch, ids, beats, byTask, tasks, last, false)
+	outs, pubs, err := c.write(ctx, conn, g, tasks, last, false)
 	if err != nil {
 		clear(c.known)
 	}
@@ -358,8 +372,8 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 // round trip; begin also opens the transaction and checks that tasks and
 // last still hold (the fast path). After a commit it remembers each task's
 // new state.
-func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, batch []*submission, ids, beats []string,
-	byTask map[string][]*submission, tasks map[string]task.Task, last map[string]int64, begin bool) (map[*submission]outcome, []published, error) {
+func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, g grouped, tasks map[string]task.Task, last map[string]int64, begin bool) (map[*submission]outcome, []published, error) {
+	batch, ids, byTask := g.batch, g.ids, g.byTask
 	outs := make(map[*submission]outcome, len(batch))
 	for _, s := range batch {
 		if s.ev == nil {
@@ -431,14 +445,14 @@ func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, batch []*subm
 		}
 		finals[id] = known{task: t, last: cur}
 		if changed {
-			task.QueueSave(write, t, false, func(n task.Task) { saved = append(saved, n) })
+			task.QueueSave(write, t, func(n task.Task) { saved = append(saved, n) })
 		}
 	}
 	if len(rSeq) > 0 {
 		write.Queue(insertEvents, rTask, rSeq, rType, rPayload)
 	}
-	if len(beats) > 0 {
-		write.Queue(touchHeartbeat, beats)
+	if len(g.beats) > 0 {
+		write.Queue(touchHeartbeat, g.beats)
 	}
 	write.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
 		if tag.String() != "COMMIT" {

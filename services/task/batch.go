@@ -53,11 +53,11 @@ func Step(cur Task, a Advance) (next Task, applied bool, err error) {
 	return n, true, nil
 }
 
-// QueueSave queues the update that writes t's state as Step left it;
-// heartbeat also stamps heartbeat_at. saved, if not nil, receives the row
-// as written (updated_at is the database's) when the results are read.
-func QueueSave(b *pgx.Batch, t Task, heartbeat bool, saved func(Task)) {
-	q := b.Queue(updateAdvance, saveArgs(t, t.LastSeq, heartbeat)...)
+// QueueSave queues the update that writes t's state as Step left it.
+// saved, if not nil, receives the row as written (updated_at is the
+// database's) when the results are read.
+func QueueSave(b *pgx.Batch, t Task, saved func(Task)) {
+	q := b.Queue(updateAdvance, saveArgs(t, t.LastSeq, false)...)
 	if saved == nil {
 		return
 	}

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -211,4 +213,20 @@ func TestDelayProxyAddsRoundTrip(t *testing.T) {
 	p.Close()
 	require.NoError(t, ln.Close())
 	<-echoed
+}
+
+func TestSchedLatencies(t *testing.T) {
+	inf := math.Inf(1)
+	buckets := []float64{0, 0.001, 0.002, 0.004, inf}
+	a := &metrics.Float64Histogram{Buckets: buckets, Counts: []uint64{5, 0, 0, 0}}
+	b := &metrics.Float64Histogram{Buckets: buckets, Counts: []uint64{5 + 90, 9, 1, 0}}
+	l := schedLatencies(a, b)
+	require.Equal(t, 100, l.N, "only what happened between the samples")
+	require.Equal(t, time.Millisecond, l.P50)
+	require.Equal(t, 2*time.Millisecond, l.P95)
+	require.Equal(t, 4*time.Millisecond, l.P99)
+	require.Equal(t, 4*time.Millisecond, l.Max)
+	b.Counts[3] = 1 // one in the open bucket: reported by its lower bound
+	require.Equal(t, 4*time.Millisecond, schedLatencies(a, b).Max)
+	require.Zero(t, schedLatencies(a, a).N)
 }

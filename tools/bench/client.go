@@ -70,7 +70,6 @@ type ClientResult struct {
 	Reconnects int64         `json:"reconnects"`
 	SSEErr     string        `json:"sse_err,omitempty"`
 	CPU        time.Duration `json:"cpu"` // the client process, "go" to "done"
-	PeakRSSKB  int64         `json:"peak_rss_kb"`
 }
 
 // RunClient is the client process: it reads a ClientSpec from in, connects
@@ -179,7 +178,6 @@ func (c *client) run(ctx context.Context, ready func() error, done func()) (Clie
 	if err := ready(); err != nil {
 		return res, err
 	}
-	resetPeakRSS()
 	cpu0 := cpuTime()
 	start := time.Now()
 	deadline := start.Add(sc.Cap)
@@ -221,7 +219,6 @@ func (c *client) run(ctx context.Context, ready func() error, done func()) (Clie
 	}
 	done()
 	res.CPU = cpuTime() - cpu0
-	res.PeakRSSKB = procStatusKB("VmHWM")
 	stopWatchers()
 	wwg.Wait()
 

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"math"
 	"runtime/metrics"
 	"time"
 )
@@ -30,13 +31,21 @@ func schedLatencies(a, b *metrics.Float64Histogram) Latencies {
 		counts[i] = b.Counts[i] - a.Counts[i]
 		total += counts[i]
 	}
+	// upper is bucket i's upper bound (its lower one for the last, open
+	// bucket).
+	upper := func(i int) time.Duration {
+		if math.IsInf(b.Buckets[i+1], 1) {
+			return time.Duration(b.Buckets[i] * float64(time.Second))
+		}
+		return time.Duration(b.Buckets[i+1] * float64(time.Second))
+	}
 	at := func(p float64) time.Duration {
 		want := uint64(float64(total) * p / 100)
 		var acc uint64
 		for i, c := range counts {
 			acc += c
 			if acc > want {
-				return time.Duration(b.Buckets[i+1] * float64(time.Second))
+				return upper(i)
 			}
 		}
 		return 0
@@ -44,5 +53,12 @@ func schedLatencies(a, b *metrics.Float64Histogram) Latencies {
 	if total == 0 {
 		return Latencies{}
 	}
-	return Latencies{N: int(total), P50: at(50), P95: at(95), P99: at(99), Max: at(99.99)}
+	l := Latencies{N: int(total), P50: at(50), P95: at(95), P99: at(99)}
+	for i := len(counts) - 1; i >= 0; i-- {
+		if counts[i] > 0 {
+			l.Max = upper(i)
+			break
+		}
+	}
+	return l
 }

@@ -172,7 +172,7 @@ func run() error {
 		}
 		fmt.Fprintf(os.Stderr, " %.0f acked ev/s, p99 %s (%.1fs)\n", r.EventsPerSec(), r.Latency.P99.Round(100*time.Microsecond), time.Since(t0).Seconds())
 		if *verbose {
-			fmt.Fprintf(os.Stderr, "  server Go scheduler latency (runnable → running): p50 %s p99 %s p99.99 %s; host CPU idle %.0f%%, stolen by the hypervisor %.1f%%\n",
+			fmt.Fprintf(os.Stderr, "  server Go scheduler latency (runnable → running): p50 %s p99 %s max %s; host CPU idle %.0f%%, stolen by the hypervisor %.1f%%\n",
 				r.Sched.P50, r.Sched.P99, r.Sched.Max, r.Host.Idle, r.Host.Steal)
 			if r.SSEErr != "" {
 				fmt.Fprintln(os.Stderr, "  first SSE reconnect cause:", r.SSEErr)
