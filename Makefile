@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO ?= go
 DEV := .dev
 BIN := $(DEV)/bin
-PKGS := ./proto/... ./services/... ./gateway/... ./runner/... ./tools/...
+PKGS := ./proto/... ./services/... ./gateway/... ./runner/... ./tools/... ./tools/bench/...
 BINARIES := ./services/cmd/taskrunnerd ./gateway/cmd/gateway ./tools/cmd/taskctl ./tools/cmd/forge \
             ./tools/cmd/modelapi ./tools/cmd/devstack ./runner/cmd/runner
 
@@ -88,6 +88,6 @@ clean:
 bench-events: check-go
 	@mkdir -p $(DEV)
 	$(GO) build -o $(BIN)/devstack ./tools/cmd/devstack
-	$(GO) build -o $(BIN)/bench-events ./tools/cmd/bench-events
+	$(GO) build -o $(BIN)/bench-events ./tools/bench/cmd/bench-events
 	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/bench.env
 	source $(DEV)/bench.env && $(BIN)/bench-events $(BENCH_FLAGS)
