@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/caarlos0/env/v11 v11.4.2
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/google/go-github/v62 v62.0.0
 	github.com/stretchr/testify v1.12.1
 	github.com/taskrunner/taskrunner/proto v0.0.0

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // Mask replaces every secret.
@@ -118,20 +119,61 @@ func StripANSI(s string) string {
 // Line strips escapes and redacts one log line.
 func (r *Redactor) Line(s string) string { return r.String(StripANSI(s)) }
 
-// Truncate cuts s to at most n bytes on a rune boundary, marking the cut.
+// Truncate cuts s to at most n bytes on a rune boundary, marking the cut with "…". The result
+// is never longer than n (a negative n counts as 0), even when n leaves no room for the mark,
+// and a rune is never split, so valid UTF-8 stays valid.
 func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
 	const mark = "…"
-	cut := n - len(mark)
-	if cut < 0 {
-		cut = 0
+	if n < len(mark) {
+		return s[:runeCut(s, n)]
 	}
-	for cut > 0 && !utf8RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + mark
+	return s[:runeCut(s, n-len(mark))] + mark
 }
 
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+// TruncateCounted cuts s to at most n bytes on a rune boundary and says how much was cut, as
+// in "text… [truncated 1234 bytes]", so a reader of a log tail knows the line went on. When n
+// is too small for that mark, it falls back to Truncate.
+func TruncateCounted(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	// The mark's length depends on the number it carries, which depends on where the cut
+	// falls: start from the longest possible number and move the cut back once more if
+	// needed (two rounds settle it; the loop bound is only a guard).
+	keep := n - len(countedMark(len(s)))
+	for range 4 {
+		if keep < 0 {
+			return Truncate(s, n)
+		}
+		cut := runeCut(s, keep)
+		mark := countedMark(len(s) - cut)
+		if cut+len(mark) <= n {
+			return s[:cut] + mark
+		}
+		keep = n - len(mark)
+	}
+	return Truncate(s, n)
+}
+
+func countedMark(cut int) string { return fmt.Sprintf("… [truncated %d bytes]", cut) }
+
+// runeCut returns the largest i <= n (and <= len(s)) at which s can be cut without splitting a
+// rune, so a valid UTF-8 prefix stays valid. It looks back at most three bytes (a rune has at
+// most four): a longer run of continuation bytes is not a rune, and cutting it anywhere is fine.
+func runeCut(s string, n int) int {
+	if n <= 0 {
+		return 0
+	}
+	if n >= len(s) {
+		return len(s)
+	}
+	for i := n; i >= 0 && i > n-utf8.UTFMax; i-- {
+		if i == 0 || utf8.RuneStart(s[i]) {
+			return i
+		}
+	}
+	return n
+}
