@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/go-github/v62/github"
 )
 
 const docsURL = "https://docs.github.com/rest"
@@ -29,10 +31,20 @@ func (f *Forge) routes() http.Handler {
 	api.HandleFunc("PATCH /repos/{owner}/{repo}/pulls/{number}", f.editPull)
 	api.HandleFunc("PUT /repos/{owner}/{repo}/pulls/{number}/merge", f.mergePull)
 	api.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}/merge", f.isMerged)
+	api.HandleFunc("POST /repos/{owner}/{repo}/pulls/{number}/reviews", f.createReview)
+	api.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}/reviews", f.listReviews)
+	api.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}/reviews/{id}", f.getReview)
+	api.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}/reviews/{id}/comments", f.listCommentsOfReview)
+	api.HandleFunc("POST /repos/{owner}/{repo}/pulls/{number}/comments", f.createReviewComment)
+	api.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}/comments", f.listReviewComments)
+	api.HandleFunc("POST /repos/{owner}/{repo}/issues/{number}/comments", f.createIssueComment)
+	api.HandleFunc("GET /repos/{owner}/{repo}/issues/{number}/comments", f.listIssueComments)
+	api.HandleFunc("GET /repos/{owner}/{repo}/collaborators/{user}/permission", f.getPermission)
 	api.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { writeError(w, http.StatusNotFound, "Not Found") })
 
 	admin := http.NewServeMux()
 	admin.HandleFunc("POST /_forge/repos", f.adminCreateRepo)
+	admin.HandleFunc("PUT /_forge/repos/{owner}/{repo}/collaborators/{user}", f.adminSetCollaborator)
 	admin.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { writeError(w, http.StatusNotFound, "Not Found") })
 
 	apiRec := f.record("api", api)
@@ -42,6 +54,8 @@ func (f *Forge) routes() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
 		switch {
+		case strings.HasPrefix(p, actingPrefix):
+			f.serveActing(w, r, apiRec)
 		case strings.HasPrefix(p, "/_forge/"):
 			adminRec.ServeHTTP(w, r)
 		case isGitPath(p):
@@ -140,21 +154,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]any{"message": msg, "documentation_url": docsURL, "status": strconv.Itoa(status)})
+	writeJSON(w, status, errorBody{ErrorResponse: github.ErrorResponse{Message: msg, DocumentationURL: docsURL}, Status: strconv.Itoa(status)})
 }
 
-// writeValidation answers 422 the way GitHub does for invalid resources.
+// writeValidation answers 422 the way GitHub does for an invalid pull request.
 func writeValidation(w http.ResponseWriter, field, code, msg string) {
-	e := map[string]any{"resource": "PullRequest", "code": code}
-	if field != "" {
-		e["field"] = field
-	}
-	if msg != "" {
-		e["message"] = msg
-	}
-	writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
-		"message": "Validation Failed", "errors": []any{e}, "documentation_url": docsURL, "status": "422",
-	})
+	writeInvalid(w, "PullRequest", field, code, msg)
+}
+
+// writeInvalid answers 422 "Validation Failed" with one error on resource.field.
+func writeInvalid(w http.ResponseWriter, resource, field, code, msg string) {
+	writeJSON(w, http.StatusUnprocessableEntity, errorBody{ErrorResponse: github.ErrorResponse{
+		Message: "Validation Failed", DocumentationURL: docsURL,
+		Errors: []github.Error{{Resource: resource, Field: field, Code: code, Message: msg}},
+	}, Status: "422"})
 }
 
 func decodeBody(r *http.Request, v any) error {
@@ -186,8 +199,22 @@ func (f *Forge) lookupRepo(ownerLogin, name string) *repo {
 }
 
 // repoFor authenticates the request and resolves {owner}/{repo}; order of checks: credentials
-// (401), repository (404), scope and permission (403).
+// (401), repository (404), scope and permission (403). A token needs perm at level; an acting
+// user needs a role of at least level.
 func (f *Forge) repoFor(w http.ResponseWriter, r *http.Request, perm, level string) (*repo, *principal, bool) {
+	return f.repoAccess(w, r, access{perms: []string{perm}, level: level, userLevel: level})
+}
+
+// access is what an endpoint requires: an installation token needs one of perms at level, an
+// acting user a role of at least userLevel (a reader may comment and review on GitHub, but
+// only a token with pull_requests or issues write may).
+type access struct {
+	perms     []string
+	level     string
+	userLevel string
+}
+
+func (f *Forge) repoAccess(w http.ResponseWriter, r *http.Request, need access) (*repo, *principal, bool) {
 	p, err := f.authenticate(r)
 	if err != nil {
 		writeError(w, http.StatusUnauthorized, err.Error())
@@ -198,8 +225,19 @@ func (f *Forge) repoFor(w http.ResponseWriter, r *http.Request, perm, level stri
 		writeError(w, http.StatusNotFound, "Not Found")
 		return nil, nil, false
 	}
-	if !p.allows(rp, perm, level) {
-		writeError(w, http.StatusForbidden, "Resource not accessible by integration")
+	allowed := false
+	if p.user != "" {
+		allowed = f.userAllows(rp, p.user, need.userLevel)
+	}
+	for _, perm := range need.perms {
+		allowed = allowed || p.allows(rp, perm, need.level)
+	}
+	if !allowed {
+		msg := "Resource not accessible by integration"
+		if p.user != "" {
+			msg = "Must have " + need.userLevel + " access to the repository"
+		}
+		writeError(w, http.StatusForbidden, msg)
 		return nil, nil, false
 	}
 	return rp, p, true
@@ -214,83 +252,6 @@ func (f *Forge) appAuth(w http.ResponseWriter, r *http.Request) bool {
 	}
 	f.annotate(r, func(rec *Request) { rec.JWTClaims = map[string]any(claims) })
 	return true
-}
-
-func ts(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return t.UTC().Format(time.RFC3339)
-}
-
-func (f *Forge) renderOwner(base string, o *owner) map[string]any {
-	return map[string]any{
-		"login": o.login, "id": o.id, "node_id": fmt.Sprintf("O_forge%d", o.id), "type": "Organization",
-		"site_admin": false, "html_url": base + "/" + o.login, "url": base + "/users/" + o.login,
-	}
-}
-
-func (f *Forge) renderUser(base, login string) map[string]any {
-	typ := "User"
-	if strings.HasSuffix(login, "[bot]") {
-		typ = "Bot"
-	}
-	return map[string]any{"login": login, "id": 1, "type": typ, "site_admin": false, "html_url": base + "/" + login}
-}
-
-func (f *Forge) renderRepo(base string, rp *repo) map[string]any {
-	full := rp.fullName()
-	return map[string]any{
-		"id": rp.id, "node_id": fmt.Sprintf("R_forge%d", rp.id), "name": rp.name, "full_name": full,
-		"private": true, "visibility": "private", "fork": false, "archived": false, "disabled": false,
-		"owner": f.renderOwner(base, rp.owner), "html_url": base + "/" + full, "url": base + "/repos/" + full,
-		"clone_url": base + "/" + full + ".git", "default_branch": rp.defaultBranch,
-		"created_at": ts(rp.createdAt), "updated_at": ts(rp.createdAt), "pushed_at": ts(rp.createdAt),
-	}
-}
-
-func (f *Forge) renderInstallation(base string, o *owner) map[string]any {
-	return map[string]any{
-		"id": o.installationID, "app_id": f.cfg.AppID, "app_slug": "forge", "client_id": f.cfg.ClientID,
-		"account": f.renderOwner(base, o), "target_id": o.id, "target_type": "Organization",
-		"repository_selection": "all", "permissions": installationPermissions,
-		"events":            []string{"pull_request", "push"},
-		"access_tokens_url": fmt.Sprintf("%s/app/installations/%d/access_tokens", base, o.installationID),
-		"repositories_url":  base + "/installation/repositories",
-		"html_url":          fmt.Sprintf("%s/settings/installations/%d", base, o.installationID),
-		"created_at":        ts(o.createdAt), "updated_at": ts(o.createdAt),
-	}
-}
-
-func (f *Forge) renderPull(base string, rp *repo, pr PullRequest) map[string]any {
-	full := rp.fullName()
-	branch := func(ref, sha string) map[string]any {
-		return map[string]any{
-			"label": rp.owner.login + ":" + ref, "ref": ref, "sha": sha,
-			"repo": f.renderRepo(base, rp), "user": f.renderOwner(base, rp.owner),
-		}
-	}
-	var mergeSHA any
-	if pr.MergeCommitSHA != "" {
-		mergeSHA = pr.MergeCommitSHA
-	}
-	var mergeable any
-	if pr.State == "open" {
-		mergeable = true
-	}
-	return map[string]any{
-		"id": pr.ID, "node_id": fmt.Sprintf("PR_forge%d", pr.ID), "number": pr.Number, "state": pr.State,
-		"locked": false, "title": pr.Title, "body": pr.Body, "draft": pr.Draft, "merged": pr.Merged,
-		"mergeable": mergeable, "merge_commit_sha": mergeSHA,
-		"created_at": ts(pr.CreatedAt), "updated_at": ts(pr.UpdatedAt), "closed_at": ts(pr.ClosedAt), "merged_at": ts(pr.MergedAt),
-		"html_url":  fmt.Sprintf("%s/%s/pull/%d", base, full, pr.Number),
-		"url":       fmt.Sprintf("%s/repos/%s/pulls/%d", base, full, pr.Number),
-		"diff_url":  fmt.Sprintf("%s/%s/pull/%d.diff", base, full, pr.Number),
-		"patch_url": fmt.Sprintf("%s/%s/pull/%d.patch", base, full, pr.Number),
-		"user":      f.renderUser(base, pr.User),
-		"head":      branch(pr.Head, pr.HeadSHA),
-		"base":      branch(pr.Base, pr.BaseSHA),
-	}
 }
 
 func (f *Forge) getRepoInstallation(w http.ResponseWriter, r *http.Request) {
@@ -357,17 +318,16 @@ func (f *Forge) createAccessToken(w http.ResponseWriter, r *http.Request) {
 	f.annotate(r, func(rec *Request) { rec.IssuedTokenID = tok.id })
 	f.log.Info("forge: installation token issued", "token_id", tok.id, "installation", o.installationID, "repositories", len(selected))
 	base := f.baseURL(r)
-	resp := map[string]any{
-		"token": text, "expires_at": ts(tok.expiresAt), "permissions": tok.permissions,
-		"repository_selection": "all",
+	resp := tokenBody{
+		InstallationToken:   &github.InstallationToken{Token: github.String(text), ExpiresAt: ts(tok.expiresAt), Permissions: permissionsStruct(tok.permissions)},
+		RepositorySelection: "all",
 	}
 	if tok.repoIDs != nil {
-		resp["repository_selection"] = "selected"
-		repos := make([]any, 0, len(selected))
+		resp.RepositorySelection = "selected"
+		resp.Repositories = make([]*github.Repository, 0, len(selected))
 		for _, rp := range selected {
-			repos = append(repos, f.renderRepo(base, rp))
+			resp.Repositories = append(resp.Repositories, f.renderRepo(base, rp))
 		}
-		resp["repositories"] = repos
 	}
 	writeJSON(w, http.StatusCreated, resp)
 }
@@ -392,17 +352,10 @@ func (f *Forge) getBranch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	base := f.baseURL(r)
-	writeJSON(w, http.StatusOK, map[string]any{
-		"name": name, "protected": false,
-		"commit": map[string]any{"sha": sha, "url": base + "/repos/" + rp.fullName() + "/commits/" + sha},
+	writeJSON(w, http.StatusOK, &github.Branch{
+		Name: github.String(name), Protected: github.Bool(false),
+		Commit: &github.RepositoryCommit{SHA: github.String(sha), URL: github.String(base + "/repos/" + rp.fullName() + "/commits/" + sha)},
 	})
-}
-
-func senderLogin(p *principal) string {
-	if p.tok == nil {
-		return "forge-user"
-	}
-	return "forge[bot]"
 }
 
 type newPull struct {
@@ -469,14 +422,14 @@ func (f *Forge) createPull(w http.ResponseWriter, r *http.Request) {
 	pr := &PullRequest{
 		Repo: rp.fullName(), ID: f.newID(), Number: len(rp.pulls) + 1, Title: in.Title, Body: in.Body,
 		Head: head, Base: in.Base, HeadSHA: headSHA, BaseSHA: baseSHA, State: "open", Draft: in.Draft,
-		User: senderLogin(p), CreatedAt: now, UpdatedAt: now,
+		User: p.login(), CreatedAt: now, UpdatedAt: now,
 	}
 	rp.pulls = append(rp.pulls, pr)
 	snapshot := *pr
 	f.mu.Unlock()
 	f.log.Info("forge: pull request opened", "repo", rp.fullName(), "number", pr.Number, "head", head, "base", in.Base)
 	base := f.baseURL(r)
-	f.sendPullRequestEvent(base, "opened", rp, snapshot, senderLogin(p))
+	f.sendPullRequestEvent(base, "opened", rp, snapshot, p.login())
 	writeJSON(w, http.StatusCreated, f.renderPull(base, rp, snapshot))
 }
 
@@ -507,7 +460,7 @@ func (f *Forge) listPulls(w http.ResponseWriter, r *http.Request) {
 	head := q.Get("head")
 	if o, b, found := strings.Cut(head, ":"); found {
 		if !strings.EqualFold(o, rp.owner.login) {
-			writeJSON(w, http.StatusOK, []any{})
+			writeJSON(w, http.StatusOK, []*github.PullRequest{})
 			return
 		}
 		head = b
@@ -528,7 +481,7 @@ func (f *Forge) listPulls(w http.ResponseWriter, r *http.Request) {
 		return pulls[i].Number > pulls[j].Number
 	})
 	base := f.baseURL(r)
-	out := make([]any, 0, len(pulls))
+	out := make([]*github.PullRequest, 0, len(pulls))
 	for _, pr := range pulls {
 		out = append(out, f.renderPull(base, rp, f.livePull(r.Context(), rp, pr)))
 	}
@@ -648,7 +601,7 @@ func (f *Forge) editPull(w http.ResponseWriter, r *http.Request) {
 	updated = f.livePull(ctx, rp, updated)
 	if action != "" {
 		f.log.Info("forge: pull request "+action, "repo", rp.fullName(), "number", updated.Number)
-		f.sendPullRequestEvent(base, action, rp, updated, senderLogin(p))
+		f.sendPullRequestEvent(base, action, rp, updated, p.login())
 	}
 	writeJSON(w, http.StatusOK, f.renderPull(base, rp, updated))
 }
@@ -738,14 +691,14 @@ func (f *Forge) mergePull(w http.ResponseWriter, r *http.Request) {
 	}
 	now := f.now().UTC().Truncate(time.Second)
 	f.mu.Lock()
-	ptr.State, ptr.Merged, ptr.MergeCommitSHA = "closed", true, sha
+	ptr.State, ptr.Merged, ptr.MergeCommitSHA, ptr.MergedBy = "closed", true, sha, p.login()
 	ptr.MergedAt, ptr.ClosedAt, ptr.UpdatedAt = now, now, now
 	ptr.HeadSHA, ptr.BaseSHA = headSHA, baseSHA
 	merged := *ptr
 	f.mu.Unlock()
 	f.log.Info("forge: pull request merged", "repo", rp.fullName(), "number", merged.Number, "sha", sha)
-	f.sendPullRequestEvent(f.baseURL(r), "closed", rp, merged, senderLogin(p))
-	writeJSON(w, http.StatusOK, map[string]any{"sha": sha, "merged": true, "message": "Pull Request successfully merged"})
+	f.sendPullRequestEvent(f.baseURL(r), "closed", rp, merged, p.login())
+	writeJSON(w, http.StatusOK, &github.PullRequestMergeResult{SHA: github.String(sha), Merged: github.Bool(true), Message: github.String("Pull Request successfully merged")})
 }
 
 type adminRepo struct {

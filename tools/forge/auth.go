@@ -55,15 +55,38 @@ type token struct {
 	expiresAt      time.Time
 }
 
-// principal is who made a request: an installation token or the personal token.
+// personalLogin is the user behind the personal token; it is admin of every repository.
+const personalLogin = "forge-user"
+
+// botLogin is the user behind installation tokens.
+const botLogin = "forge[bot]"
+
+// principal is who made a request: an installation token, the personal token, or a user the
+// test-facing /_forge/as/{user}/ prefix acts as.
 type principal struct {
-	id  string
-	tok *token // nil for the personal token
+	id   string
+	tok  *token // nil for the personal token and for users
+	user string // the acting user's login; empty otherwise
+}
+
+// login is the user GitHub would show as the author of what p does.
+func (p *principal) login() string {
+	switch {
+	case p.user != "":
+		return p.user
+	case p.tok == nil:
+		return personalLogin
+	}
+	return botLogin
 }
 
 // allows reports whether p may use permission perm at level on rp: false when rp is outside
-// the token's installation or repositories, or the token lacks the permission.
+// the token's installation or repositories, or the token lacks the permission. Acting users
+// are checked by Forge.userAllows instead (their role lives under f.mu).
 func (p *principal) allows(rp *repo, perm, level string) bool {
+	if p.user != "" {
+		return false
+	}
 	if p.tok == nil {
 		return true
 	}
@@ -127,6 +150,11 @@ var (
 // authenticate resolves a personal or installation token; expired and unknown tokens are
 // errBadCredentials.
 func (f *Forge) authenticate(r *http.Request) (*principal, error) {
+	if login, ok := r.Context().Value(actingKey{}).(string); ok {
+		id := "user:" + login
+		f.annotate(r, func(rec *Request) { rec.TokenID = id })
+		return &principal{id: id, user: login}, nil
+	}
 	text, ok := credential(r)
 	if !ok {
 		return nil, errNoCredentials

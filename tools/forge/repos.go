@@ -34,6 +34,12 @@ type repo struct {
 	dir           string
 	createdAt     time.Time
 	pulls         []*PullRequest
+	// reviews, reviewComments and issueComments are in creation order (ids ascending).
+	reviews        []*Review
+	reviewComments []*ReviewComment
+	issueComments  []*IssueComment
+	// collaborators maps a lower-case login to its role: admin, maintain, write, triage, read.
+	collaborators map[string]string
 }
 
 func (r *repo) fullName() string { return r.owner.login + "/" + r.name }
@@ -54,10 +60,52 @@ type PullRequest struct {
 	Merged         bool
 	MergeCommitSHA string
 	User           string
+	MergedBy       string // login; empty unless merged
+	Comments       int    // issue comments
+	ReviewComments int
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 	ClosedAt       time.Time // zero while open
 	MergedAt       time.Time // zero unless merged
+}
+
+// Review is the forge's record of a submitted pull request review.
+type Review struct {
+	ID                int64
+	Number            int    // the pull request
+	User              string // login
+	Body              string
+	State             string // APPROVED, CHANGES_REQUESTED or COMMENTED
+	CommitID          string
+	AuthorAssociation string
+	SubmittedAt       time.Time
+}
+
+// ReviewComment is a comment on a line of a pull request's diff. Like GitHub, the forge files
+// every review comment under a review, even one created on its own.
+type ReviewComment struct {
+	ID                int64
+	ReviewID          int64
+	Number            int
+	User              string
+	Body              string
+	Path              string
+	Line              int
+	Side              string // RIGHT (the head) or LEFT (the base)
+	CommitID          string
+	InReplyTo         int64 // 0 unless a reply
+	AuthorAssociation string
+	CreatedAt         time.Time
+}
+
+// IssueComment is a comment on a pull request's conversation (the issues API).
+type IssueComment struct {
+	ID                int64
+	Number            int
+	User              string
+	Body              string
+	AuthorAssociation string
+	CreatedAt         time.Time
 }
 
 func validName(s string) bool {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/go-github/v62/github"
 	"github.com/google/uuid"
 )
 
@@ -22,26 +23,50 @@ type pendingDelivery struct {
 	body   []byte
 }
 
-// sendPullRequestEvent queues a pull_request webhook. Deliveries go out one at a time, in order,
-// from a goroutine that exits when the queue is empty (Close waits for it).
+// sendPullRequestEvent queues a pull_request webhook.
 func (f *Forge) sendPullRequestEvent(base, action string, rp *repo, pr PullRequest, sender string) {
+	f.enqueue("pull_request", action, &github.PullRequestEvent{
+		Action: github.String(action), Number: github.Int(pr.Number), PullRequest: f.renderPull(base, rp, pr),
+		Repo: f.renderRepo(base, rp), Installation: webhookInstallation(rp), Sender: f.renderUser(base, sender),
+	})
+}
+
+// sendReviewEvent queues a pull_request_review webhook ("submitted").
+func (f *Forge) sendReviewEvent(base string, rp *repo, pr PullRequest, rv Review) {
+	f.enqueue("pull_request_review", "submitted", &github.PullRequestReviewEvent{
+		Action: github.String("submitted"), Review: f.renderReview(base, rp, rv), PullRequest: f.renderPull(base, rp, pr),
+		Repo: f.renderRepo(base, rp), Installation: webhookInstallation(rp), Sender: f.renderUser(base, rv.User),
+	})
+}
+
+// sendReviewCommentEvent queues a pull_request_review_comment webhook ("created").
+func (f *Forge) sendReviewCommentEvent(base string, rp *repo, pr PullRequest, c ReviewComment) {
+	f.enqueue("pull_request_review_comment", "created", &github.PullRequestReviewCommentEvent{
+		Action: github.String("created"), Comment: f.renderReviewComment(base, rp, c), PullRequest: f.renderPull(base, rp, pr),
+		Repo: f.renderRepo(base, rp), Installation: webhookInstallation(rp), Sender: f.renderUser(base, c.User),
+	})
+}
+
+// sendIssueCommentEvent queues an issue_comment webhook ("created") for a pull request.
+func (f *Forge) sendIssueCommentEvent(base string, rp *repo, pr PullRequest, c IssueComment) {
+	f.enqueue("issue_comment", "created", &github.IssueCommentEvent{
+		Action: github.String("created"), Issue: f.renderPullAsIssue(base, rp, pr), Comment: f.renderIssueComment(base, rp, c),
+		Repo: f.renderRepo(base, rp), Installation: webhookInstallation(rp), Sender: f.renderUser(base, c.User),
+	})
+}
+
+// enqueue queues a webhook. Deliveries go out one at a time, in the order they were queued,
+// from a goroutine that exits when the queue is empty (Close waits for it).
+func (f *Forge) enqueue(event, action string, payload any) {
 	if f.cfg.WebhookURL == "" {
 		return
 	}
-	payload := map[string]any{
-		"action":       action,
-		"number":       pr.Number,
-		"pull_request": f.renderPull(base, rp, pr),
-		"repository":   f.renderRepo(base, rp),
-		"installation": map[string]any{"id": rp.owner.installationID, "node_id": "I_forge" + strconv.FormatInt(rp.owner.installationID, 10)},
-		"sender":       f.renderUser(base, sender),
-	}
 	body, err := json.Marshal(payload)
 	if err != nil {
-		f.log.Error("forge: webhook payload", "err", err)
+		f.log.Error("forge: webhook payload", "event", event, "err", err)
 		return
 	}
-	d := pendingDelivery{id: uuid.NewString(), event: "pull_request", action: action, body: body}
+	d := pendingDelivery{id: uuid.NewString(), event: event, action: action, body: body}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
