@@ -5,10 +5,9 @@
 // Kubernetes deletes it with the Job. The Job's activeDeadlineSeconds
 // enforces the task deadline and ttlSecondsAfterFinished cleans up.
 //
-// It talks to the API server with net/http and the k8s.io/api types
-// instead of k8s.io/client-go: the provider needs six REST calls, and
-// client-go's typed clients pull in about 200 more packages and over
-// 20 MB of binary. Consequently it authenticates with a bearer token
-// (in-cluster service-account token by default) and a CA file only; it
-// does not read kubeconfig files. It must not keep state of its own.
+// It talks to the API server through k8s.io/client-go (typed clientset,
+// JSON on the wire), configured from a kubeconfig file (so exec credential
+// plugins for EKS, GKE and AKS work), an explicit server with a token, or
+// the in-cluster service account. client-go waits out Retry-After on 429
+// and retries. It must not keep state of its own.
 package kubernetes

@@ -1,18 +1,13 @@
 package kubernetes
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -23,8 +18,14 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/taskrunner/taskrunner/services/sandbox"
 )
@@ -48,24 +49,31 @@ const ContainerName = "runner"
 // DefaultTTLSecondsAfterFinished is used when Config leaves it zero.
 const DefaultTTLSecondsAfterFinished = 600
 
-// In-cluster service-account files.
-const (
-	inClusterTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-	inClusterCAFile    = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-)
+// labelJobName is the label the Job controller puts on the Job's pods.
+const labelJobName = "batch.kubernetes.io/job-name"
 
-// Config configures the provider.
+// Config configures the provider. The connection is resolved in this
+// order: Kubeconfig when set (with APIServer, Token, TokenFile and CAFile
+// overriding its cluster and user), else APIServer with Token / TokenFile
+// / CAFile, else the in-cluster service account.
 type Config struct {
-	// APIServer is the API server URL (https://host:6443). Empty: the
-	// in-cluster address from KUBERNETES_SERVICE_HOST / _PORT, with the
-	// pod's service-account token and CA.
+	// Kubeconfig is a kubeconfig file. Its current context (or Context)
+	// picks the cluster and user; users with an exec credential plugin
+	// (aws eks get-token, gke-gcloud-auth-plugin, kubelogin) work.
+	Kubeconfig string `env:"TASKRUNNER_K8S_KUBECONFIG"`
+	// Context selects a kubeconfig context other than the current one.
+	Context string `env:"TASKRUNNER_K8S_CONTEXT"`
+	// APIServer is the API server URL (https://host:6443). Empty and no
+	// Kubeconfig: the in-cluster address from KUBERNETES_SERVICE_HOST /
+	// _PORT, with the pod's service-account token and CA.
 	APIServer string `env:"TASKRUNNER_K8S_API_SERVER"`
 	// Token is a bearer token. TokenFile is read on every request instead
 	// (projected tokens rotate). Neither: no Authorization header (e.g.
-	// behind kubectl proxy), except in-cluster.
+	// behind kubectl proxy), except in-cluster or from a kubeconfig.
 	Token     string `env:"TASKRUNNER_K8S_TOKEN"`
 	TokenFile string `env:"TASKRUNNER_K8S_TOKEN_FILE"`
-	// CAFile verifies the API server's certificate. Empty: system roots.
+	// CAFile verifies the API server's certificate. Empty: system roots
+	// (or the kubeconfig's certificate-authority).
 	CAFile string `env:"TASKRUNNER_K8S_CA_FILE"`
 	// Namespace the Jobs and Secrets are created in. Required.
 	Namespace string `env:"TASKRUNNER_K8S_NAMESPACE"`
@@ -104,6 +112,8 @@ func (c Config) Validate() error {
 		return errors.New("kubernetes provider: TTLSecondsAfterFinished must not be negative")
 	case c.Token != "" && c.TokenFile != "":
 		return errors.New("kubernetes provider: set Token or TokenFile, not both")
+	case c.Context != "" && c.Kubeconfig == "":
+		return errors.New("kubernetes provider: Context needs Kubeconfig")
 	}
 	if c.APIServer != "" {
 		u, err := url.Parse(c.APIServer)
@@ -116,84 +126,137 @@ func (c Config) Validate() error {
 
 // Provider is the Kubernetes Job sandbox provider.
 type Provider struct {
-	cfg       Config
-	base      *url.URL
-	http      *http.Client
-	transport *http.Transport
-	log       *slog.Logger
-	now       func() time.Time
+	cfg  Config
+	api  kubernetes.Interface
+	http *http.Client
+	log  *slog.Logger
+	now  func() time.Time
 }
 
 var _ sandbox.Provider = (*Provider)(nil)
 
-// New validates cfg, resolves the in-cluster defaults and loads the CA.
-// It does not call the API server.
+// New validates cfg, resolves the connection (kubeconfig, explicit
+// server, or in-cluster) and builds a client-go clientset. It does not call
+// the API server (an exec credential plugin runs on the first request).
 func New(cfg Config, logger *slog.Logger) (*Provider, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.APIServer == "" {
-		host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
-		if host == "" || port == "" {
-			return nil, errors.New("kubernetes provider: APIServer is required when not running in a cluster (KUBERNETES_SERVICE_HOST/PORT are not set)")
-		}
-		cfg.APIServer = "https://" + net.JoinHostPort(host, port)
-		if cfg.Token == "" && cfg.TokenFile == "" {
-			cfg.TokenFile = inClusterTokenFile
-		}
-		if cfg.CAFile == "" {
-			cfg.CAFile = inClusterCAFile
-		}
-	}
 	if cfg.TTLSecondsAfterFinished == 0 {
 		cfg.TTLSecondsAfterFinished = DefaultTTLSecondsAfterFinished
 	}
-	base, _ := url.Parse(strings.TrimRight(cfg.APIServer, "/"))
+	rc, err := restConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// client-go throttles on the client side (5 QPS by default); one
+	// Create makes four calls, so allow a burst of dispatches.
+	rc.QPS, rc.Burst = 50, 100
+	rc.UserAgent = "taskrunner"
+	// The clientset defaults to protobuf for built-in types; JSON is what
+	// every API server, proxy and audit log reads, and the handful of small
+	// objects per task make the difference in size irrelevant.
+	rc.ContentType, rc.AcceptContentTypes = "application/json", "application/json"
+	if rc.Timeout == 0 {
+		rc.Timeout = 30 * time.Second
+	}
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes provider: %w", err)
+	}
+	api, err := kubernetes.NewForConfigAndClient(rc, hc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes provider: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Provider{cfg: cfg, api: api, http: hc, log: logger.With("provider", ProviderName), now: time.Now}, nil
+}
 
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
+// restConfig turns cfg into a client-go configuration.
+func restConfig(cfg Config) (*rest.Config, error) {
+	var rc *rest.Config
+	switch {
+	case cfg.Kubeconfig != "":
+		if _, err := os.Stat(cfg.Kubeconfig); err != nil {
+			return nil, fmt.Errorf("kubernetes provider: Kubeconfig: %w", err)
+		}
+		over := &clientcmd.ConfigOverrides{CurrentContext: cfg.Context}
+		over.ClusterInfo.Server = cfg.APIServer
+		over.ClusterInfo.CertificateAuthority = cfg.CAFile
+		over.AuthInfo.Token = cfg.Token
+		over.AuthInfo.TokenFile = cfg.TokenFile
+		loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: cfg.Kubeconfig}, over)
+		c, err := loader.ClientConfig()
 		if err != nil {
-			return nil, fmt.Errorf("kubernetes provider: CAFile: %w", err)
+			return nil, fmt.Errorf("kubernetes provider: Kubeconfig %s: %w", cfg.Kubeconfig, err)
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kubernetes provider: CAFile %s holds no PEM certificate", cfg.CAFile)
+		rc = c
+	case cfg.APIServer != "":
+		rc = &rest.Config{Host: cfg.APIServer, BearerToken: cfg.Token}
+		if cfg.CAFile != "" {
+			if _, err := os.Stat(cfg.CAFile); err != nil {
+				return nil, fmt.Errorf("kubernetes provider: CAFile: %w", err)
+			}
+			rc.TLSClientConfig.CAFile = cfg.CAFile
 		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	default:
+		c, err := rest.InClusterConfig()
+		if errors.Is(err, rest.ErrNotInCluster) {
+			return nil, errors.New("kubernetes provider: APIServer or Kubeconfig is required when not running in a cluster (KUBERNETES_SERVICE_HOST/PORT are not set)")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes provider: in-cluster configuration: %w", err)
+		}
+		rc = c
+		if cfg.CAFile != "" {
+			rc.TLSClientConfig.CAFile = cfg.CAFile
+		}
+		if cfg.Token != "" {
+			rc.BearerToken, rc.BearerTokenFile = cfg.Token, ""
+		}
 	}
 	if cfg.TokenFile != "" {
 		if _, err := os.Stat(cfg.TokenFile); err != nil {
 			return nil, fmt.Errorf("kubernetes provider: TokenFile: %w", err)
 		}
+		// client-go caches a token file for a minute; a projected token
+		// may rotate sooner than that, so it is read on every request.
+		rc.BearerToken, rc.BearerTokenFile = "", ""
+		file := cfg.TokenFile
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return tokenFile{file: file, next: rt} })
 	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	return &Provider{
-		cfg: cfg, base: base, transport: tr,
-		http: &http.Client{Transport: tr, Timeout: 30 * time.Second},
-		log:  logger.With("provider", ProviderName),
-		now:  time.Now,
-	}, nil
+	return rc, nil
 }
+
+// tokenFile sets the bearer token read from file on each request.
+type tokenFile struct {
+	file string
+	next http.RoundTripper
+}
+
+func (t tokenFile) RoundTrip(req *http.Request) (*http.Response, error) {
+	b, err := os.ReadFile(t.file)
+	if err != nil {
+		return nil, fmt.Errorf("read TokenFile: %w", err)
+	}
+	req = utilnet.CloneRequest(req)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(b)))
+	return t.next.RoundTrip(req)
+}
+
+func (t tokenFile) WrappedRoundTripper() http.RoundTripper { return t.next }
 
 // Close releases idle connections.
 func (p *Provider) Close() error {
-	p.transport.CloseIdleConnections()
+	utilnet.CloseIdleConnectionsFor(p.http.Transport)
 	return nil
 }
 
 // Name implements sandbox.Provider.
 func (p *Provider) Name() string { return ProviderName }
-
-func (p *Provider) jobsPath() string {
-	return "/apis/batch/v1/namespaces/" + p.cfg.Namespace + "/jobs"
-}
-
-func (p *Provider) secretsPath() string {
-	return "/api/v1/namespaces/" + p.cfg.Namespace + "/secrets"
-}
 
 // Create implements sandbox.Provider. The Job and its Secret are both
 // named sandbox.Name(TaskID), which makes Create idempotent: an existing
@@ -203,12 +266,13 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandb
 		return sandbox.Sandbox{}, fmt.Errorf("kubernetes: %w: empty task id", sandbox.ErrInvalidSpec)
 	}
 	name := sandbox.Name(spec.TaskID)
-	var existing batchv1.Job
-	err := p.do(ctx, http.MethodGet, p.jobsPath()+"/"+name, nil, nil, &existing)
+	jobs := p.api.BatchV1().Jobs(p.cfg.Namespace)
+	secrets := p.api.CoreV1().Secrets(p.cfg.Namespace)
+	existing, err := jobs.Get(ctx, name, metav1.GetOptions{})
 	if err == nil {
-		return p.existing(&existing, spec)
+		return p.existing(existing, spec)
 	}
-	if !isStatus(err, http.StatusNotFound) {
+	if !apierrors.IsNotFound(err) {
 		return sandbox.Sandbox{}, mapErr("get job "+name, err)
 	}
 
@@ -221,26 +285,26 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandb
 	// One left by an earlier, failed attempt is replaced: the Job that
 	// will read it does not exist yet.
 	secret := p.secret(name, spec)
-	err = p.do(ctx, http.MethodPost, p.secretsPath(), nil, secret, nil)
-	if isAlreadyExists(err) {
-		err = p.do(ctx, http.MethodPut, p.secretsPath()+"/"+name, nil, secret, nil)
+	_, err = secrets.Create(ctx, secret, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		_, err = secrets.Update(ctx, secret, metav1.UpdateOptions{})
 	}
 	if err != nil {
 		return sandbox.Sandbox{}, mapErr("create secret "+name, err)
 	}
 
-	var created batchv1.Job
-	err = p.do(ctx, http.MethodPost, p.jobsPath(), nil, job, &created)
+	created, err := jobs.Create(ctx, job, metav1.CreateOptions{})
 	switch {
 	case err == nil:
 		p.log.InfoContext(ctx, "job created", "task_id", spec.TaskID, "job", name, "namespace", p.cfg.Namespace)
-	case isAlreadyExists(err):
+	case apierrors.IsAlreadyExists(err):
 		// A concurrent Create won; its Job reads the Secret we replaced,
 		// which holds the same task's environment.
-		if err := p.do(ctx, http.MethodGet, p.jobsPath()+"/"+name, nil, nil, &created); err != nil {
+		got, err := jobs.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
 			return sandbox.Sandbox{}, mapErr("get job "+name, err)
 		}
-		return p.existing(&created, spec)
+		return p.existing(got, spec)
 	default:
 		p.deleteSecret(ctx, name)
 		return sandbox.Sandbox{}, mapErr("create job "+name, err)
@@ -249,13 +313,13 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandb
 	// Hand the Secret to the Job so the garbage collector deletes it with
 	// the Job (TTL or Destroy). Destroy deletes it explicitly as well, so a
 	// failure here only costs a leftover Secret until then.
-	patch := map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{
 		APIVersion: "batch/v1", Kind: "Job", Name: name, UID: created.UID,
-	}}}}
-	if err := p.do(ctx, http.MethodPatch, p.secretsPath()+"/"+name, nil, patch, nil); err != nil {
+	}}}})
+	if _, err := secrets.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		p.log.WarnContext(ctx, "could not make the job own its secret", "job", name, "error", err)
 	}
-	return fromJob(&created), nil
+	return fromJob(created), nil
 }
 
 // existing returns the Job found under the task's name, unless it runs
@@ -342,16 +406,40 @@ func (p *Provider) job(name string, spec sandbox.Spec) (*batchv1.Job, error) {
 	}, nil
 }
 
-// Get implements sandbox.Provider; id is the Job's name.
+// Get implements sandbox.Provider; id is the Job's name. For a failed Job
+// the exit code is read from its pod, where Kubernetes keeps it.
 func (p *Provider) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	if len(id) > 63 || !dnsLabel.MatchString(id) {
 		return sandbox.Sandbox{}, fmt.Errorf("kubernetes: get job %q: %w", id, sandbox.ErrNotFound)
 	}
-	var job batchv1.Job
-	if err := p.do(ctx, http.MethodGet, p.jobsPath()+"/"+id, nil, nil, &job); err != nil {
+	job, err := p.api.BatchV1().Jobs(p.cfg.Namespace).Get(ctx, id, metav1.GetOptions{})
+	if err != nil {
 		return sandbox.Sandbox{}, mapErr("get job "+id, err)
 	}
-	return fromJob(&job), nil
+	sb := fromJob(job)
+	if sb.State == sandbox.StateExited && sb.ExitCode == nil {
+		sb.ExitCode = p.podExitCode(ctx, id)
+	}
+	return sb, nil
+}
+
+// podExitCode returns the runner container's exit code from the Job's
+// pod, or nil when there is none (the deadline killed it before it ran,
+// or the TTL controller removed it).
+func (p *Provider) podExitCode(ctx context.Context, job string) *int {
+	pods, err := p.api.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: labelJobName + "=" + job})
+	if err != nil {
+		p.log.WarnContext(ctx, "could not list the job's pods", "job", job, "error", err)
+		return nil
+	}
+	for _, pod := range pods.Items {
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.Name == ContainerName && cs.State.Terminated != nil {
+				return ptr(int(cs.State.Terminated.ExitCode))
+			}
+		}
+	}
+	return nil
 }
 
 // List implements sandbox.Provider with a label selector (always
@@ -364,9 +452,8 @@ func (p *Provider) List(ctx context.Context, labels map[string]string) ([]sandbo
 	for _, k := range slices.Sorted(maps.Keys(sel)) {
 		terms = append(terms, k+"="+sel[k])
 	}
-	var jobs batchv1.JobList
-	q := url.Values{"labelSelector": {strings.Join(terms, ",")}}
-	if err := p.do(ctx, http.MethodGet, p.jobsPath(), q, nil, &jobs); err != nil {
+	jobs, err := p.api.BatchV1().Jobs(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: strings.Join(terms, ",")})
+	if err != nil {
 		return nil, mapErr("list jobs", err)
 	}
 	out := make([]sandbox.Sandbox, 0, len(jobs.Items))
@@ -386,21 +473,21 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 	if len(id) > 63 || !dnsLabel.MatchString(id) {
 		return nil // cannot name a Job, so there is none to delete
 	}
-	q := url.Values{"propagationPolicy": {string(metav1.DeletePropagationBackground)}}
-	err := p.do(ctx, http.MethodDelete, p.jobsPath()+"/"+id, q, nil, nil)
-	if err != nil && !isStatus(err, http.StatusNotFound) {
+	bg := metav1.DeletePropagationBackground
+	err := p.api.BatchV1().Jobs(p.cfg.Namespace).Delete(ctx, id, metav1.DeleteOptions{PropagationPolicy: &bg})
+	if err != nil && !apierrors.IsNotFound(err) {
 		return mapErr("delete job "+id, err)
 	}
-	err = p.do(ctx, http.MethodDelete, p.secretsPath()+"/"+id, nil, nil, nil)
-	if err != nil && !isStatus(err, http.StatusNotFound) {
+	err = p.api.CoreV1().Secrets(p.cfg.Namespace).Delete(ctx, id, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
 		return mapErr("delete secret "+id, err)
 	}
 	return nil
 }
 
 func (p *Provider) deleteSecret(ctx context.Context, name string) {
-	err := p.do(ctx, http.MethodDelete, p.secretsPath()+"/"+name, nil, nil, nil)
-	if err != nil && !isStatus(err, http.StatusNotFound) {
+	err := p.api.CoreV1().Secrets(p.cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
 		p.log.WarnContext(ctx, "could not delete secret", "secret", name, "error", err)
 	}
 }
@@ -470,108 +557,22 @@ func labelValues(in map[string]string) map[string]string {
 
 func ptr[T any](v T) *T { return &v }
 
-// statusError is a non-2xx answer of the API server.
-type statusError struct {
-	Code    int
-	Reason  metav1.StatusReason
-	Message string
-}
-
-func (e *statusError) Error() string {
-	if e.Reason != "" {
-		return fmt.Sprintf("HTTP %d %s: %s", e.Code, e.Reason, e.Message)
-	}
-	return fmt.Sprintf("HTTP %d: %s", e.Code, e.Message)
-}
-
-func isStatus(err error, code int) bool {
-	var se *statusError
-	return errors.As(err, &se) && se.Code == code
-}
-
-func isAlreadyExists(err error) bool {
-	var se *statusError
-	return errors.As(err, &se) && se.Code == http.StatusConflict && se.Reason == metav1.StatusReasonAlreadyExists
-}
-
-func (p *Provider) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
-	u := *p.base
-	u.Path += path
-	u.RawQuery = q.Encode()
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", "taskrunner")
-	if in != nil {
-		ct := "application/json"
-		if method == http.MethodPatch {
-			ct = "application/merge-patch+json"
-		}
-		req.Header.Set("Content-Type", ct)
-	}
-	tok := p.cfg.Token
-	if p.cfg.TokenFile != "" {
-		b, err := os.ReadFile(p.cfg.TokenFile)
-		if err != nil {
-			return fmt.Errorf("read TokenFile: %w", err)
-		}
-		tok = strings.TrimSpace(string(b))
-	}
-	if tok != "" {
-		req.Header.Set("Authorization", "Bearer "+tok)
-	}
-	resp, err := p.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode >= 300 {
-		se := &statusError{Code: resp.StatusCode, Message: strings.TrimSpace(string(raw))}
-		var st metav1.Status
-		if json.Unmarshal(raw, &st) == nil && st.Kind == "Status" {
-			se.Reason, se.Message = st.Reason, st.Message
-		}
-		return se
-	}
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return fmt.Errorf("decode %s %s: %w", method, path, err)
-		}
-	}
-	return nil
-}
-
 // mapErr wraps an API error with the sandbox error it stands for, so
 // errors.Is works on both.
 func mapErr(op string, err error) error {
-	var se *statusError
-	if !errors.As(err, &se) {
-		return fmt.Errorf("kubernetes: %s: %w", op, err)
-	}
 	var kind error
 	switch {
-	case se.Code == http.StatusForbidden && strings.Contains(se.Message, "exceeded quota"):
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
 		kind = sandbox.ErrCapacity
-	case se.Code == http.StatusUnauthorized, se.Code == http.StatusForbidden:
+	case apierrors.IsUnauthorized(err), apierrors.IsForbidden(err):
 		kind = sandbox.ErrUnauthorized
-	case se.Code == http.StatusNotFound:
+	case apierrors.IsNotFound(err):
 		kind = sandbox.ErrNotFound
-	case se.Code == http.StatusBadRequest, se.Code == http.StatusUnprocessableEntity:
+	case apierrors.IsBadRequest(err), apierrors.IsInvalid(err):
 		kind = sandbox.ErrInvalidSpec
+	case apierrors.IsTooManyRequests(err):
+		// client-go has already waited out Retry-After and retried.
+		kind = sandbox.ErrCapacity
 	default:
 		return fmt.Errorf("kubernetes: %s: %w", op, err)
 	}

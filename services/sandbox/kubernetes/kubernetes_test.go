@@ -1,16 +1,10 @@
 package kubernetes
 
 import (
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,12 +13,15 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/taskrunner/taskrunner/services/sandbox"
+	"github.com/taskrunner/taskrunner/services/sandbox/sandboxtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// klog, which client-go logs through, starts its flush daemon in init.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"))
+}
 
 const (
 	ns      = "sandboxes"
@@ -34,226 +31,6 @@ const (
 )
 
 var now = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
-
-// apiServer is a fake Kubernetes API server for the batch/v1 Job and
-// v1 Secret calls the provider makes, answering with the API server's
-// paths, objects and Status errors.
-type apiServer struct {
-	mu      sync.Mutex
-	jobs    map[string]*batchv1.Job
-	secrets map[string]*corev1.Secret
-	calls   []string // "METHOD path?query"
-	// patches holds the merge patches sent to secrets, with content type.
-	patches     []string
-	patchTypes  []string
-	deleteQuery []url.Values
-	auth        []string
-	// hideJobOnce makes the next GET of a job 404 although it exists,
-	// as when a concurrent Create wins between our GET and POST.
-	hideJobOnce bool
-	// fail answers the first request whose "METHOD path" starts with key.
-	fail map[string]metav1.Status
-	uid  int
-}
-
-func newAPIServer(t *testing.T) (*apiServer, *httptest.Server) {
-	t.Helper()
-	a := &apiServer{jobs: map[string]*batchv1.Job{}, secrets: map[string]*corev1.Secret{}, fail: map[string]metav1.Status{}}
-	mux := http.NewServeMux()
-	jobs := "/apis/batch/v1/namespaces/{ns}/jobs"
-	secrets := "/api/v1/namespaces/{ns}/secrets"
-	mux.HandleFunc("GET "+jobs, a.wrap(a.listJobs))
-	mux.HandleFunc("POST "+jobs, a.wrap(a.createJob))
-	mux.HandleFunc("GET "+jobs+"/{name}", a.wrap(a.getJob))
-	mux.HandleFunc("DELETE "+jobs+"/{name}", a.wrap(a.deleteJob))
-	mux.HandleFunc("POST "+secrets, a.wrap(a.createSecret))
-	mux.HandleFunc("PUT "+secrets+"/{name}", a.wrap(a.replaceSecret))
-	mux.HandleFunc("PATCH "+secrets+"/{name}", a.wrap(a.patchSecret))
-	mux.HandleFunc("DELETE "+secrets+"/{name}", a.wrap(a.deleteSecret))
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return a, srv
-}
-
-func newTestProvider(t *testing.T, srv *httptest.Server, edit ...func(*Config)) *Provider {
-	t.Helper()
-	cfg := Config{APIServer: srv.URL, Token: k8sTok, Namespace: ns, Image: "ghcr.io/acme/runner:1",
-		RuntimeClassName: "kata-qemu", TTLSecondsAfterFinished: 300}
-	for _, e := range edit {
-		e(&cfg)
-	}
-	p, err := New(cfg, nil)
-	require.NoError(t, err)
-	p.now = func() time.Time { return now }
-	t.Cleanup(func() { _ = p.Close() })
-	return p
-}
-
-func status(code int, reason metav1.StatusReason, msg string) metav1.Status {
-	return metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
-		Code: int32(code), Reason: reason, Message: msg}
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func writeStatus(w http.ResponseWriter, st metav1.Status) { writeJSON(w, int(st.Code), st) }
-
-func (a *apiServer) wrap(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		call := r.Method + " " + r.URL.Path
-		a.calls = append(a.calls, call)
-		a.auth = append(a.auth, r.Header.Get("Authorization"))
-		if r.Header.Get("Authorization") != "Bearer "+k8sTok {
-			writeStatus(w, status(http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized"))
-			return
-		}
-		if r.PathValue("ns") != ns {
-			writeStatus(w, status(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("namespaces %q not found", r.PathValue("ns"))))
-			return
-		}
-		for prefix, st := range a.fail {
-			if strings.HasPrefix(call, prefix) {
-				delete(a.fail, prefix)
-				writeStatus(w, st)
-				return
-			}
-		}
-		h(w, r)
-	}
-}
-
-func (a *apiServer) nextUID() types.UID {
-	a.uid++
-	return types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", a.uid))
-}
-
-func (a *apiServer) createJob(w http.ResponseWriter, r *http.Request) {
-	var job batchv1.Job
-	if err := json.NewDecoder(r.Body).Decode(&job); err != nil {
-		writeStatus(w, status(http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error()))
-		return
-	}
-	if _, ok := a.jobs[job.Name]; ok {
-		writeStatus(w, status(http.StatusConflict, metav1.StatusReasonAlreadyExists, fmt.Sprintf("jobs.batch %q already exists", job.Name)))
-		return
-	}
-	job.UID = a.nextUID()
-	job.ResourceVersion = "1"
-	job.CreationTimestamp = metav1.NewTime(now)
-	a.jobs[job.Name] = &job
-	writeJSON(w, http.StatusCreated, &job)
-}
-
-func (a *apiServer) getJob(w http.ResponseWriter, r *http.Request) {
-	job, ok := a.jobs[r.PathValue("name")]
-	if !ok || a.hideJobOnce {
-		a.hideJobOnce = false
-		writeStatus(w, status(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("jobs.batch %q not found", r.PathValue("name"))))
-		return
-	}
-	writeJSON(w, http.StatusOK, job)
-}
-
-func (a *apiServer) listJobs(w http.ResponseWriter, r *http.Request) {
-	a.calls[len(a.calls)-1] += "?" + r.URL.RawQuery
-	list := batchv1.JobList{TypeMeta: metav1.TypeMeta{Kind: "JobList", APIVersion: "batch/v1"}}
-	sel := r.URL.Query().Get("labelSelector")
-	for _, job := range a.jobs {
-		match := true
-		for term := range strings.SplitSeq(sel, ",") {
-			k, v, _ := strings.Cut(term, "=")
-			if term != "" && job.Labels[k] != v {
-				match = false
-			}
-		}
-		if match {
-			list.Items = append(list.Items, *job)
-		}
-	}
-	writeJSON(w, http.StatusOK, list)
-}
-
-func (a *apiServer) deleteJob(w http.ResponseWriter, r *http.Request) {
-	a.deleteQuery = append(a.deleteQuery, r.URL.Query())
-	if _, ok := a.jobs[r.PathValue("name")]; !ok {
-		writeStatus(w, status(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("jobs.batch %q not found", r.PathValue("name"))))
-		return
-	}
-	delete(a.jobs, r.PathValue("name"))
-	writeJSON(w, http.StatusOK, status(http.StatusOK, "", ""))
-}
-
-func (a *apiServer) createSecret(w http.ResponseWriter, r *http.Request) {
-	var s corev1.Secret
-	if err := json.NewDecoder(r.Body).Decode(&s); err != nil {
-		writeStatus(w, status(http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error()))
-		return
-	}
-	if _, ok := a.secrets[s.Name]; ok {
-		writeStatus(w, status(http.StatusConflict, metav1.StatusReasonAlreadyExists, fmt.Sprintf("secrets %q already exists", s.Name)))
-		return
-	}
-	s.UID = a.nextUID()
-	a.secrets[s.Name] = &s
-	writeJSON(w, http.StatusCreated, &s)
-}
-
-func (a *apiServer) replaceSecret(w http.ResponseWriter, r *http.Request) {
-	var s corev1.Secret
-	if err := json.NewDecoder(r.Body).Decode(&s); err != nil {
-		writeStatus(w, status(http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error()))
-		return
-	}
-	a.secrets[s.Name] = &s
-	writeJSON(w, http.StatusOK, &s)
-}
-
-func (a *apiServer) patchSecret(w http.ResponseWriter, r *http.Request) {
-	s, ok := a.secrets[r.PathValue("name")]
-	if !ok {
-		writeStatus(w, status(http.StatusNotFound, metav1.StatusReasonNotFound, "secrets not found"))
-		return
-	}
-	b, _ := io.ReadAll(r.Body)
-	a.patches = append(a.patches, string(b))
-	a.patchTypes = append(a.patchTypes, r.Header.Get("Content-Type"))
-	var patch struct {
-		Metadata struct {
-			OwnerReferences []metav1.OwnerReference `json:"ownerReferences"`
-		} `json:"metadata"`
-	}
-	if err := json.Unmarshal(b, &patch); err != nil {
-		writeStatus(w, status(http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error()))
-		return
-	}
-	s.OwnerReferences = patch.Metadata.OwnerReferences
-	writeJSON(w, http.StatusOK, s)
-}
-
-func (a *apiServer) deleteSecret(w http.ResponseWriter, r *http.Request) {
-	if _, ok := a.secrets[r.PathValue("name")]; !ok {
-		writeStatus(w, status(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("secrets %q not found", r.PathValue("name"))))
-		return
-	}
-	delete(a.secrets, r.PathValue("name"))
-	writeJSON(w, http.StatusOK, status(http.StatusOK, "", ""))
-}
-
-func (a *apiServer) count(call string) int {
-	n := 0
-	for _, c := range a.calls {
-		if c == call {
-			n++
-		}
-	}
-	return n
-}
 
 func testSpec() sandbox.Spec {
 	return sandbox.Spec{
@@ -269,8 +46,8 @@ func testSpec() sandbox.Spec {
 }
 
 func TestCreateSendsExactJobAndSecret(t *testing.T) {
-	a, srv := newAPIServer(t)
-	p := newTestProvider(t, srv)
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
 	spec := testSpec()
 
 	sb, err := p.Create(t.Context(), spec)
@@ -343,22 +120,9 @@ func TestCreateSendsExactJobAndSecret(t *testing.T) {
 	require.Equal(t, now, sb.CreatedAt)
 }
 
-func TestCreateIsIdempotentPerTask(t *testing.T) {
-	a, srv := newAPIServer(t)
-	p := newTestProvider(t, srv)
-	first, err := p.Create(t.Context(), testSpec())
-	require.NoError(t, err)
-	second, err := p.Create(t.Context(), testSpec())
-	require.NoError(t, err)
-
-	require.Equal(t, first.ID, second.ID)
-	require.Equal(t, 1, a.count("POST /apis/batch/v1/namespaces/sandboxes/jobs"))
-	require.Equal(t, 1, a.count("POST /api/v1/namespaces/sandboxes/secrets"))
-}
-
 func TestCreateLosingARaceReturnsTheWinner(t *testing.T) {
-	a, srv := newAPIServer(t)
-	p := newTestProvider(t, srv)
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
 	first, err := p.Create(t.Context(), testSpec())
 	require.NoError(t, err)
 
@@ -373,8 +137,8 @@ func TestCreateLosingARaceReturnsTheWinner(t *testing.T) {
 }
 
 func TestCreateFailureCleansUpTheSecret(t *testing.T) {
-	a, srv := newAPIServer(t)
-	p := newTestProvider(t, srv)
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
 	a.fail["POST /apis/batch/v1/namespaces/sandboxes/jobs"] = status(http.StatusUnprocessableEntity, metav1.StatusReasonInvalid,
 		`Job.batch "x" is invalid: spec.template.spec.runtimeClassName: Invalid value`)
 
@@ -386,8 +150,8 @@ func TestCreateFailureCleansUpTheSecret(t *testing.T) {
 }
 
 func TestCreateRejectsAPassedDeadline(t *testing.T) {
-	a, srv := newAPIServer(t)
-	p := newTestProvider(t, srv)
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
 	spec := testSpec()
 	spec.Deadline = now.Add(-time.Second)
 	_, err := p.Create(t.Context(), spec)
@@ -411,8 +175,8 @@ func TestErrorMapping(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, srv := newAPIServer(t)
-			p := newTestProvider(t, srv)
+			a := newAPIServer(t)
+			p := newTestProvider(t, a)
 			a.fail[tt.fail] = tt.st
 			_, err := p.Create(t.Context(), testSpec())
 			require.ErrorIs(t, err, tt.want)
@@ -420,8 +184,8 @@ func TestErrorMapping(t *testing.T) {
 		})
 	}
 	t.Run("missing namespace", func(t *testing.T) {
-		_, srv := newAPIServer(t)
-		p := newTestProvider(t, srv, func(c *Config) { c.Namespace = "other" })
+		a := newAPIServer(t)
+		p := newTestProvider(t, a, func(c *Config) { c.Namespace = "other" })
 		_, err := p.Create(t.Context(), testSpec())
 		require.ErrorIs(t, err, sandbox.ErrNotFound)
 		require.ErrorContains(t, err, `namespaces "other" not found`)
@@ -448,8 +212,8 @@ func TestGetMapsJobStatus(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, srv := newAPIServer(t)
-			p := newTestProvider(t, srv)
+			a := newAPIServer(t)
+			p := newTestProvider(t, a)
 			sb, err := p.Create(t.Context(), testSpec())
 			require.NoError(t, err)
 			a.jobs[jobName].Status = tt.status
@@ -463,8 +227,8 @@ func TestGetMapsJobStatus(t *testing.T) {
 		})
 	}
 	t.Run("missing", func(t *testing.T) {
-		_, srv := newAPIServer(t)
-		p := newTestProvider(t, srv)
+		a := newAPIServer(t)
+		p := newTestProvider(t, a)
 		_, err := p.Get(t.Context(), "taskrunner-nope")
 		require.ErrorIs(t, err, sandbox.ErrNotFound)
 		_, err = p.Get(t.Context(), "../../secrets")
@@ -473,8 +237,8 @@ func TestGetMapsJobStatus(t *testing.T) {
 }
 
 func TestListUsesLabelSelector(t *testing.T) {
-	a, srv := newAPIServer(t)
-	p := newTestProvider(t, srv)
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
 	b := testSpec()
 	b.TaskID, b.Owner = "task-b", "bob"
 	_, err := p.Create(t.Context(), testSpec())
@@ -509,32 +273,28 @@ func TestListUsesLabelSelector(t *testing.T) {
 	}
 }
 
-func TestDestroy(t *testing.T) {
-	a, srv := newAPIServer(t)
-	p := newTestProvider(t, srv)
+func TestDestroyDeletesWithBackgroundPropagation(t *testing.T) {
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
 	sb, err := p.Create(t.Context(), testSpec())
 	require.NoError(t, err)
+	a.runPod(jobName, 1)
 
-	for _, tt := range []struct{ name, id string }{
-		{"existing job", sb.ID},
-		{"already gone", sb.ID},
-		{"never existed", "taskrunner-nope"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			require.NoError(t, p.Destroy(t.Context(), tt.id))
-			require.Equal(t, "Background", a.deleteQuery[len(a.deleteQuery)-1].Get("propagationPolicy"))
-			require.Equal(t, "DELETE /api/v1/namespaces/sandboxes/secrets/"+tt.id, a.calls[len(a.calls)-1])
-		})
-	}
+	require.NoError(t, p.Destroy(t.Context(), sb.ID))
+	require.Len(t, a.deletes, 1)
+	require.NotNil(t, a.deletes[0].PropagationPolicy, "without a propagation policy the API server orphans the pod")
+	require.Equal(t, metav1.DeletePropagationBackground, *a.deletes[0].PropagationPolicy)
 	require.Empty(t, a.jobs)
+	require.Empty(t, a.pods)
 	require.Empty(t, a.secrets)
+	require.Equal(t, "DELETE /api/v1/namespaces/sandboxes/secrets/"+jobName, a.calls[len(a.calls)-1])
 }
 
 func TestTokenFileIsReadOnEveryRequest(t *testing.T) {
-	a, srv := newAPIServer(t)
+	a := newAPIServer(t)
 	file := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(file, []byte("old-token\n"), 0o600))
-	p := newTestProvider(t, srv, func(c *Config) { c.Token, c.TokenFile = "", file })
+	p := newTestProvider(t, a, func(c *Config) { c.Token, c.TokenFile = "", file })
 
 	_, err := p.List(t.Context(), nil)
 	require.ErrorIs(t, err, sandbox.ErrUnauthorized)
@@ -560,6 +320,7 @@ func TestConfigValidate(t *testing.T) {
 		{"bad api server", func(c *Config) { c.APIServer = "10.0.0.1:6443" }, `kubernetes provider: APIServer "10.0.0.1:6443" is not an http(s) URL`},
 		{"negative ttl", func(c *Config) { c.TTLSecondsAfterFinished = -1 }, "kubernetes provider: TTLSecondsAfterFinished must not be negative"},
 		{"token and file", func(c *Config) { c.Token, c.TokenFile = "a", "/b" }, "kubernetes provider: set Token or TokenFile, not both"},
+		{"context without kubeconfig", func(c *Config) { c.Context = "prod" }, "kubernetes provider: Context needs Kubeconfig"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -578,7 +339,13 @@ func TestConfigValidate(t *testing.T) {
 		cfg := ok
 		cfg.APIServer = ""
 		_, err := New(cfg, nil)
-		require.EqualError(t, err, "kubernetes provider: APIServer is required when not running in a cluster (KUBERNETES_SERVICE_HOST/PORT are not set)")
+		require.EqualError(t, err, "kubernetes provider: APIServer or Kubeconfig is required when not running in a cluster (KUBERNETES_SERVICE_HOST/PORT are not set)")
+	})
+	t.Run("missing kubeconfig", func(t *testing.T) {
+		cfg := ok
+		cfg.Kubeconfig = filepath.Join(t.TempDir(), "missing")
+		_, err := New(cfg, nil)
+		require.ErrorContains(t, err, "kubernetes provider: Kubeconfig:")
 	})
 	t.Run("unreadable CA file", func(t *testing.T) {
 		cfg := ok
@@ -589,8 +356,8 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestCreateRefusesAnotherTasksJob(t *testing.T) {
-	a, srv := newAPIServer(t)
-	p := newTestProvider(t, srv)
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
 	x := testSpec()
 	x.TaskID = "Task_A"
 	_, err := p.Create(t.Context(), x)
@@ -603,4 +370,159 @@ func TestCreateRefusesAnotherTasksJob(t *testing.T) {
 	require.ErrorContains(t, err, `belongs to task "Task_A"`)
 	require.Len(t, a.jobs, 1)
 	require.Equal(t, x.Env, a.secrets["taskrunner-task-a"].StringData)
+}
+
+// writeKubeconfig writes a kubeconfig for a's cluster whose user gets its
+// token from an exec credential plugin: a shell script (built here, no
+// network, no go run) that logs each call and prints an ExecCredential,
+// as aws eks get-token or gke-gcloud-auth-plugin do.
+func writeKubeconfig(t *testing.T, a *apiServer, token string) (kubeconfig, calls string) {
+	t.Helper()
+	dir := t.TempDir()
+	calls = filepath.Join(dir, "plugin-calls")
+	plugin := filepath.Join(dir, "credential-plugin")
+	require.NoError(t, os.WriteFile(plugin, []byte(`#!/bin/sh
+# KUBERNETES_EXEC_INFO tells the plugin which cluster asks.
+printf '%s\n' "$KUBERNETES_EXEC_INFO" >> "`+calls+`"
+cat <<JSON
+{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"`+token+`"}}
+JSON
+`), 0o755))
+	kubeconfig = filepath.Join(dir, "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+current-context: eks
+clusters:
+- name: eks
+  cluster:
+    server: `+a.url+`
+    certificate-authority: `+a.caFile+`
+users:
+- name: eks-user
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: `+plugin+`
+      args: ["token", "-i", "cluster"]
+      interactiveMode: Never
+      provideClusterInfo: true
+contexts:
+- name: eks
+  context:
+    cluster: eks
+    user: eks-user
+    namespace: ignored
+`), 0o600))
+	return kubeconfig, calls
+}
+
+func TestKubeconfigWithExecCredentialPlugin(t *testing.T) {
+	a := newAPIServer(t)
+	a.tokens = map[string]bool{"exec-token-1": true} // the static token is not accepted here
+	kubeconfig, calls := writeKubeconfig(t, a, "exec-token-1")
+	p := newTestProvider(t, a, func(c *Config) { c.APIServer, c.CAFile, c.Token, c.Kubeconfig = "", "", "", kubeconfig })
+
+	sb, err := p.Create(t.Context(), testSpec())
+	require.NoError(t, err)
+	require.Equal(t, jobName, sb.ID)
+	list, err := p.List(t.Context(), nil)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	for _, h := range a.auth {
+		require.Equal(t, "Bearer exec-token-1", h)
+	}
+	log, err := os.ReadFile(calls)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, strings.Count(string(log), "\n"), 1, "the plugin ran")
+	require.Contains(t, string(log), `"kind":"ExecCredential"`)
+	require.Contains(t, string(log), a.url, "provideClusterInfo hands the plugin the cluster's server")
+	require.Equal(t, ns, a.jobs[jobName].Namespace, "the provider's namespace wins over the context's")
+}
+
+func TestKubeconfigRejectedTokenIsUnauthorized(t *testing.T) {
+	a := newAPIServer(t)
+	kubeconfig, _ := writeKubeconfig(t, a, "stolen")
+	p := newTestProvider(t, a, func(c *Config) { c.APIServer, c.CAFile, c.Token, c.Kubeconfig = "", "", "", kubeconfig })
+	_, err := p.List(t.Context(), nil)
+	require.ErrorIs(t, err, sandbox.ErrUnauthorized)
+	require.Equal(t, "Bearer stolen", a.auth[0])
+}
+
+func TestTooManyRequestsIsRetriedAfterRetryAfter(t *testing.T) {
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
+	a.throttle["POST /apis/batch/v1/namespaces/sandboxes/jobs"] = 2
+
+	start := time.Now()
+	sb, err := p.Create(t.Context(), testSpec())
+	require.NoError(t, err)
+	require.Equal(t, jobName, sb.ID)
+	require.Equal(t, 3, a.count("POST /apis/batch/v1/namespaces/sandboxes/jobs"), "two 429s, then the Job was created")
+	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "client-go waited Retry-After (1s) before each retry")
+	require.Len(t, a.jobs, 1)
+}
+
+func TestGetReadsTheExitCodeOfAFailedJobFromItsPod(t *testing.T) {
+	a := newAPIServer(t)
+	p := newTestProvider(t, a)
+	sb, err := p.Create(t.Context(), testSpec())
+	require.NoError(t, err)
+	a.jobs[jobName].Status = batchv1.JobStatus{Failed: 1, Conditions: []batchv1.JobCondition{{Type: batchv1.JobFailed, Status: corev1.ConditionTrue}}}
+	a.runPod(jobName, 3)
+	a.runPod("taskrunner-other", 9)
+	a.pods["taskrunner-other-x7k2p"].Name = "other"
+	got, err := p.Get(t.Context(), sb.ID)
+	require.NoError(t, err)
+	require.Equal(t, sandbox.StateExited, got.State)
+	require.NotNil(t, got.ExitCode)
+	require.Equal(t, 3, *got.ExitCode)
+	require.Equal(t, "GET /api/v1/namespaces/sandboxes/pods?labelSelector=batch.kubernetes.io%2Fjob-name%3D"+jobName, a.calls[len(a.calls)-1])
+}
+
+func TestConformance(t *testing.T) {
+	sandboxtest.Run(t, func(t *testing.T) sandboxtest.Harness {
+		a := newAPIServer(t)
+		a.now = time.Now
+		p := newTestProvider(t, a)
+		return sandboxtest.Harness{
+			Provider: p,
+			Instances: func(t *testing.T, taskID string) int {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				n := 0
+				for _, j := range a.jobs {
+					if j.Labels[sandbox.LabelTaskID] == taskID {
+						n++
+					}
+				}
+				return n
+			},
+			Deadline: a.jobDeadline,
+			Residue: func(t *testing.T, taskID, id string) []string {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				var left []string
+				for n, s := range a.secrets {
+					if s.Labels[sandbox.LabelTaskID] == taskID || n == id {
+						left = append(left, "secret "+n)
+					}
+				}
+				for n, pod := range a.pods {
+					if pod.Labels[labelJobName] == id {
+						left = append(left, "pod "+n)
+					}
+				}
+				if _, ok := a.jobs[id]; ok {
+					left = append(left, "job "+id)
+				}
+				return left
+			},
+			Foreign: func(t *testing.T) {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				a.jobs["nightly-backup"] = &batchv1.Job{TypeMeta: metav1.TypeMeta{Kind: "Job", APIVersion: "batch/v1"},
+					ObjectMeta: metav1.ObjectMeta{Name: "nightly-backup", Namespace: ns, Labels: map[string]string{sandbox.LabelOwner: "alice"}}}
+			},
+		}
+	})
 }
