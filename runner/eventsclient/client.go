@@ -6,10 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -21,15 +22,28 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/runner/rpcretry"
 )
 
 // Defaults.
 const (
-	DefaultBufferSize        = 10000
-	DefaultMinBackoff        = 100 * time.Millisecond
-	DefaultMaxBackoff        = 10 * time.Second
+	DefaultBufferSize = 10000
+	// DefaultBufferBytes bounds the in-memory buffer when events spill to disk beyond it.
+	DefaultBufferBytes = 8 << 20
+	DefaultMinBackoff  = rpcretry.DefaultMinDelay
+	// DefaultMaxBackoff caps every reconnect delay, jitter included: a runner must be back
+	// within about a second of the service, whatever the outage cost.
+	DefaultMaxBackoff        = rpcretry.DefaultMaxDelay
 	DefaultHeartbeatInterval = 10 * time.Second
 )
+
+// stableSession is how long a welcomed stream must live (or get an Ack) for the next
+// reconnect to start again from MinBackoff: a server that welcomes and then fails at once
+// (its database is down) must not be hammered at the shortest delay.
+const stableSession = 5 * time.Second
+
+// waitingLog is how long a connection attempt may wait for the service before it is logged.
+const waitingLog = 5 * time.Second
 
 // reasonTaskFinished mirrors the server's ErrorInfo reason for a Hello on a
 // finished task (services/events.ReasonTaskFinished).
@@ -66,10 +80,19 @@ type Config struct {
 	RunnerVersion string
 	// Logger receives connection events; nil discards them.
 	Logger *slog.Logger
-	// BufferSize bounds unacknowledged events (see package doc).
+	// BufferSize bounds unacknowledged events kept in memory (see package doc).
 	BufferSize int
-	// MinBackoff and MaxBackoff bound the reconnect delay, which doubles
-	// after every failed attempt and is jittered.
+	// SpillDir, when set, is where events beyond the in-memory buffer go (a file created on
+	// first use, 0600, removed by Close): nothing is refused and memory stays bounded. Empty:
+	// no spill, and Send refuses droppable events while the buffer is full.
+	SpillDir string
+	// BufferBytes bounds the in-memory buffer's size when SpillDir is set (default 8 MiB).
+	BufferBytes int
+	// MaxEventBytes is the server's limit on one event's JSON form (default MaxEventBytes).
+	MaxEventBytes int
+	// MinBackoff and MaxBackoff bound the reconnect delay: it starts near MinBackoff,
+	// doubles after every failed attempt, is jittered, and never exceeds MaxBackoff
+	// (defaults 100 ms and 1 s). grpc-go's own reconnect backoff gets the same bounds.
 	MinBackoff, MaxBackoff time.Duration
 	// HeartbeatInterval overrides the interval the server asks for in Welcome.
 	HeartbeatInterval time.Duration
@@ -86,7 +109,9 @@ type Client struct {
 	rpc  taskrunnerv1.EventsServiceClient
 
 	mu       sync.Mutex
-	buf      []*taskrunnerv1.Event // unacknowledged, consecutive seqs
+	buf      []*taskrunnerv1.Event // unacknowledged, consecutive seqs, oldest first
+	bufBytes int                   // proto size of buf
+	spill    *spill                // the events after buf, when buf is full
 	lastSeq  int64                 // highest seq assigned
 	acked    int64                 // highest seq acknowledged
 	progress chan struct{}         // closed and replaced on every ack
@@ -102,6 +127,12 @@ type Client struct {
 	connOnce  sync.Once
 	done      chan struct{}
 	stop      context.CancelFunc
+
+	// Owned by the loop goroutine (and the sender it runs, one at a time): the heartbeat
+	// ticker lives across reconnects so heartbeats keep their cadence; a tick that falls
+	// in an outage waits in the ticker's channel and goes out right after the next Welcome.
+	beat      *time.Ticker
+	beatEvery time.Duration
 }
 
 // New checks cfg and prepares a client; Start connects.
@@ -118,8 +149,17 @@ func New(cfg Config) (*Client, error) {
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = DefaultMinBackoff
 	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = DefaultMaxBackoff
+	}
 	if cfg.MaxBackoff < cfg.MinBackoff {
-		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
+		cfg.MaxBackoff = cfg.MinBackoff
+	}
+	if cfg.BufferBytes <= 0 {
+		cfg.BufferBytes = DefaultBufferBytes
+	}
+	if cfg.MaxEventBytes <= 0 {
+		cfg.MaxEventBytes = MaxEventBytes
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -129,7 +169,8 @@ func New(cfg Config) (*Client, error) {
 		creds = credentials.NewTLS(cfg.TLS)
 	}
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds),
-		grpc.WithInitialWindowSize(StreamWindow), grpc.WithInitialConnWindowSize(StreamWindow)}, cfg.DialOptions...)
+		grpc.WithInitialWindowSize(StreamWindow), grpc.WithInitialConnWindowSize(StreamWindow),
+		rpcretry.DialOption(cfg.MinBackoff, cfg.MaxBackoff)}, cfg.DialOptions...)
 	conn, err := grpc.NewClient(cfg.Addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("eventsclient: %w", err)
@@ -137,6 +178,7 @@ func New(cfg Config) (*Client, error) {
 	return &Client{
 		cfg: cfg, log: cfg.Logger.With("task_id", cfg.TaskID), conn: conn,
 		rpc:       taskrunnerv1.NewEventsServiceClient(conn),
+		spill:     &spill{dir: cfg.SpillDir},
 		progress:  make(chan struct{}),
 		wake:      make(chan struct{}, 1),
 		closeSend: make(chan struct{}),
@@ -160,10 +202,18 @@ func (c *Client) Start(ctx context.Context) {
 }
 
 // Send numbers ev (its Seq is overwritten; a nil Time becomes now), buffers
-// a copy and returns the seq. It never blocks on the network.
+// a copy and returns the seq. It never blocks on the network. An event the
+// server would refuse as too big is made to fit: a log event is split into
+// several (Send returns the last seq), any other event has its long strings
+// cut; invalid UTF-8 becomes U+FFFD.
 func (c *Client) Send(ev *taskrunnerv1.Event) (int64, error) {
 	if ev.GetPayload() == nil {
 		return 0, errors.New("eventsclient: event without payload")
+	}
+	evs, err := fitEvent(ev, c.cfg.MaxEventBytes)
+	if err != nil {
+		c.log.Error("event not sent", "error", err)
+		return 0, err
 	}
 	c.mu.Lock()
 	switch {
@@ -173,23 +223,102 @@ func (c *Client) Send(ev *taskrunnerv1.Event) (int64, error) {
 	case c.closing:
 		c.mu.Unlock()
 		return 0, ErrClosed
-	case len(c.buf) >= c.cfg.BufferSize && droppable(ev):
+	case c.fullLocked() && !c.spill.usable() && droppable(ev):
 		c.mu.Unlock()
 		return 0, ErrBufferFull
 	}
-	e := proto.Clone(ev).(*taskrunnerv1.Event)
-	c.lastSeq++
-	e.Seq = c.lastSeq
-	if e.Time == nil {
-		e.Time = timestamppb.Now()
+	for _, e := range evs {
+		c.lastSeq++
+		e.Seq = c.lastSeq
+		c.pushLocked(e)
 	}
-	c.buf = append(c.buf, e)
+	seq := c.lastSeq
 	c.mu.Unlock()
+	c.wakeSender()
+	return seq, nil
+}
+
+func (c *Client) wakeSender() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
-	return e.Seq, nil
+}
+
+// fullLocked reports whether the in-memory buffer is at its bound. Without a spill file only
+// the count bounds it, as it always has.
+func (c *Client) fullLocked() bool {
+	if len(c.buf) >= c.cfg.BufferSize {
+		return true
+	}
+	return c.spill.usable() && c.bufBytes >= c.cfg.BufferBytes
+}
+
+// pushLocked appends a numbered event: to memory while there is room and nothing waits on
+// disk (the disk holds the newest events, after those in memory), to the spill file
+// otherwise. When the file fails, what it holds comes back to memory and the client goes on
+// without it.
+func (c *Client) pushLocked(e *taskrunnerv1.Event) {
+	if c.spill.usable() && (c.spill.len() > 0 || c.fullLocked()) {
+		err := c.spill.push(e)
+		if err == nil {
+			return
+		}
+		c.log.Error("cannot spill events to disk; keeping them in memory", "error", err)
+		c.unspillLocked()
+	}
+	c.buf = append(c.buf, e)
+	c.bufBytes += proto.Size(e)
+}
+
+// unspillLocked moves every spilled event back to memory and gives up the file.
+func (c *Client) unspillLocked() {
+	for c.spill.len() > 0 {
+		e, err := c.spill.pop()
+		if err != nil {
+			c.failLocked(fmt.Errorf("eventsclient: events %d.. were spilled to disk and cannot be read back: %w", c.lastSeqInMemLocked()+1, err))
+			break
+		}
+		c.buf = append(c.buf, e)
+		c.bufBytes += proto.Size(e)
+	}
+	if err := c.spill.remove(); err != nil {
+		c.log.Warn("cannot remove the spill file", "error", err)
+	}
+}
+
+// refillLocked moves spilled events to memory while there is room.
+func (c *Client) refillLocked() (moved bool) {
+	for c.spill.len() > 0 && !c.fullLocked() {
+		e, err := c.spill.pop()
+		if err != nil {
+			c.failLocked(fmt.Errorf("eventsclient: events %d.. were spilled to disk and cannot be read back: %w", c.lastSeqInMemLocked()+1, err))
+			return moved
+		}
+		if e.GetSeq() <= c.acked {
+			continue
+		}
+		c.buf = append(c.buf, e)
+		c.bufBytes += proto.Size(e)
+		moved = true
+	}
+	return moved
+}
+
+func (c *Client) lastSeqInMemLocked() int64 {
+	if len(c.buf) == 0 {
+		return c.acked
+	}
+	return c.buf[len(c.buf)-1].GetSeq()
+}
+
+// failLocked records a fatal error and wakes whoever waits for progress.
+func (c *Client) failLocked(err error) {
+	if c.fatal == nil {
+		c.fatal = err
+	}
+	close(c.progress)
+	c.progress = make(chan struct{})
 }
 
 // droppable events may be refused when the buffer is full.
@@ -226,11 +355,18 @@ func (c *Client) Acked() int64 {
 	return c.acked
 }
 
-// Pending is the number of unacknowledged events.
+// Pending is the number of unacknowledged events, in memory and on disk.
 func (c *Client) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.buf)
+	return len(c.buf) + c.spill.len()
+}
+
+// Spilled is the number of events waiting in the spill file.
+func (c *Client) Spilled() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.spill.len()
 }
 
 // Close stops accepting events, waits until every sent event is
@@ -256,6 +392,11 @@ func (c *Client) Close(ctx context.Context) error {
 	if !started && c.Pending() > 0 {
 		err = fmt.Errorf("eventsclient: closed before Start with %d events unsent", c.Pending())
 	}
+	c.mu.Lock()
+	if rerr := c.spill.remove(); rerr != nil {
+		c.log.Warn("cannot remove the spill file", "error", rerr)
+	}
+	c.mu.Unlock()
 	return err
 }
 
@@ -304,10 +445,14 @@ func (c *Client) ackUpTo(seq int64) {
 	}
 	n := 0
 	for n < len(c.buf) && c.buf[n].GetSeq() <= seq {
+		c.bufBytes -= proto.Size(c.buf[n])
 		n++
 	}
 	c.buf = append(c.buf[:0:0], c.buf[n:]...)
 	c.acked = seq
+	if c.refillLocked() {
+		c.wakeSender()
+	}
 	close(c.progress)
 	c.progress = make(chan struct{})
 }
@@ -332,20 +477,21 @@ func (c *Client) pending(from int64) []*taskrunnerv1.Event {
 	return append([]*taskrunnerv1.Event(nil), c.buf[i:]...)
 }
 
-// Retryable reports whether a stream error is worth a reconnect.
-func Retryable(err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
-		return true
-	}
-	return false
-}
+// Retryable reports whether a stream error is worth a reconnect: everything
+// but a definite refusal is (rpcretry.Retryable, the rule the runner uses for
+// every control-plane call).
+func Retryable(err error) bool { return rpcretry.Retryable(err) }
 
 func (c *Client) loop(ctx context.Context) {
 	defer close(c.done)
-	backoff := c.cfg.MinBackoff
+	defer func() {
+		if c.beat != nil {
+			c.beat.Stop()
+		}
+	}()
+	b := rpcretry.NewBackOff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	for {
-		welcomed, err := c.session(ctx)
+		stable, err := c.session(ctx)
 		switch {
 		case ctx.Err() != nil, c.drained():
 			return
@@ -354,28 +500,32 @@ func (c *Client) loop(ctx context.Context) {
 		case !Retryable(err):
 			c.log.Error("events stream failed", "error", err)
 			c.mu.Lock()
-			c.fatal = err
-			close(c.progress)
-			c.progress = make(chan struct{})
+			c.failLocked(err)
 			c.mu.Unlock()
 			return
 		}
-		if welcomed {
-			backoff = c.cfg.MinBackoff
+		if stable {
+			b.Reset()
 		}
-		delay := backoff/2 + rand.N(backoff/2+1)
-		c.log.Warn("events stream interrupted; reconnecting", "error", err, "delay", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-c.closeSend: // Close has flushed or given up
-			t.Stop()
-			return
-		case <-ctx.Done():
-			t.Stop()
+		if !c.wait(ctx, b, err) {
 			return
 		}
-		backoff = min(2*backoff, c.cfg.MaxBackoff)
+	}
+}
+
+// wait sleeps the next backoff delay; false means stop (Close gave up or ctx ended).
+func (c *Client) wait(ctx context.Context, b *backoff.ExponentialBackOff, err error) bool {
+	delay := b.NextBackOff()
+	c.log.Warn("events stream interrupted; reconnecting", "error", err, "delay", delay, "pending", c.Pending())
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.closeSend: // Close has flushed or given up
+		return false
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -408,51 +558,36 @@ func (c *Client) finished(err error) bool {
 }
 
 // session runs one stream: Hello, Welcome, then events out and acks in.
-func (c *Client) session(ctx context.Context) (welcomed bool, err error) {
+// stable reports a stream that worked (an Ack, or long enough alive) after
+// which reconnecting may start again from the shortest delay.
+func (c *Client) session(ctx context.Context) (stable bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.rpc.Connect(sctx)
+	stream, w, err := c.open(sctx, cancel)
 	if err != nil {
 		return false, err
 	}
-	if err := stream.Send(&taskrunnerv1.ConnectRequest{Msg: &taskrunnerv1.ConnectRequest_Hello{Hello: &taskrunnerv1.Hello{
-		TaskId: c.cfg.TaskID, ProtocolVersion: taskrunnerv1.ProtocolVersion_PROTOCOL_VERSION_1, RunnerVersion: c.cfg.RunnerVersion,
-	}}}); err != nil {
-		_, err = stream.Recv() // the real status
-		return false, err
-	}
-	m, err := stream.Recv()
-	if err != nil {
-		return false, err
-	}
-	w := m.GetWelcome()
-	if w == nil {
-		return false, status.Error(codes.Internal, "eventsclient: server did not answer Hello with Welcome")
-	}
+	started := time.Now()
 	c.ackUpTo(w.GetLastPersistedSeq())
 	c.connOnce.Do(func() { close(c.connected) })
-	interval := c.cfg.HeartbeatInterval
-	if interval <= 0 {
-		interval = time.Duration(w.GetHeartbeatIntervalSeconds()) * time.Second
-	}
-	if interval <= 0 {
-		interval = DefaultHeartbeatInterval
-	}
-	c.log.Info("events stream connected", "last_persisted_seq", w.GetLastPersistedSeq())
+	c.startHeartbeats(w)
+	c.log.Info("events stream connected", "last_persisted_seq", w.GetLastPersistedSeq(), "pending", c.Pending())
 
 	senderDone := make(chan struct{})
 	go func() {
 		defer close(senderDone)
-		c.send(sctx, stream, w.GetLastPersistedSeq()+1, interval)
+		c.send(sctx, stream, w.GetLastPersistedSeq()+1)
 	}()
 	defer func() { cancel(); <-senderDone }()
+	acked := false
 	for {
 		m, err := stream.Recv()
 		if err != nil {
-			return true, err
+			return acked || time.Since(started) >= stableSession, err
 		}
 		switch msg := m.GetMsg().(type) {
 		case *taskrunnerv1.ConnectResponse_Ack:
+			acked = true
 			c.ackUpTo(msg.Ack.GetSeq())
 		case *taskrunnerv1.ConnectResponse_Cancel:
 			c.log.Info("server asked to cancel", "reason", msg.Cancel.GetReason())
@@ -464,11 +599,69 @@ func (c *Client) session(ctx context.Context) (welcomed bool, err error) {
 	}
 }
 
+// open starts a stream and says Hello. The call waits for the connection to be ready
+// (WaitForReady) instead of failing at once while grpc-go reconnects: the stream then starts
+// the moment the service is back, rather than at the next turn of this client's backoff on top
+// of grpc-go's. While it waits, Close must still be able to end it: closeSend cancels it.
+func (c *Client) open(ctx context.Context, cancel context.CancelFunc) (taskrunnerv1.EventsService_ConnectClient, *taskrunnerv1.Welcome, error) {
+	opened := make(chan struct{})
+	defer close(opened)
+	go func() {
+		select {
+		case <-c.closeSend: // everything is acknowledged, or Close gave up
+			cancel()
+		case <-opened:
+		}
+	}()
+	slow := time.AfterFunc(waitingLog, func() {
+		c.log.Warn("events service not reachable yet; waiting for it", "connection", c.conn.GetState().String(), "pending", c.Pending())
+	})
+	defer slow.Stop()
+
+	stream, err := c.rpc.Connect(ctx, grpc.WaitForReady(true))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := stream.Send(&taskrunnerv1.ConnectRequest{Msg: &taskrunnerv1.ConnectRequest_Hello{Hello: &taskrunnerv1.Hello{
+		TaskId: c.cfg.TaskID, ProtocolVersion: taskrunnerv1.ProtocolVersion_PROTOCOL_VERSION_1, RunnerVersion: c.cfg.RunnerVersion,
+	}}}); err != nil {
+		_, err = stream.Recv() // the real status
+		return nil, nil, err
+	}
+	m, err := stream.Recv()
+	if err != nil {
+		return nil, nil, err
+	}
+	w := m.GetWelcome()
+	if w == nil {
+		// A protocol error, not an outage: retrying would only repeat it.
+		return nil, nil, status.Error(codes.FailedPrecondition, "eventsclient: server did not answer Hello with Welcome")
+	}
+	return stream, w, nil
+}
+
+// startHeartbeats starts the heartbeat ticker at the first Welcome and keeps it afterwards:
+// only a different interval from the server resets it.
+func (c *Client) startHeartbeats(w *taskrunnerv1.Welcome) {
+	interval := c.cfg.HeartbeatInterval
+	if interval <= 0 {
+		interval = time.Duration(w.GetHeartbeatIntervalSeconds()) * time.Second
+	}
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	switch {
+	case c.beat == nil:
+		c.beat = time.NewTicker(interval)
+	case interval != c.beatEvery:
+		c.beat.Reset(interval)
+	}
+	c.beatEvery = interval
+}
+
 // send writes buffered events from seq next on, and heartbeats, until the
 // stream fails (the receiver then sees why) or Close has flushed.
-func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse], next int64, interval time.Duration) {
-	beat := time.NewTicker(interval)
-	defer beat.Stop()
+func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse], next int64) {
 	closeSend := c.closeSend
 	for {
 		for _, e := range c.pending(next) {
@@ -479,7 +672,7 @@ func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[taskr
 		}
 		select {
 		case <-c.wake:
-		case <-beat.C:
+		case <-c.beat.C:
 			if err := stream.Send(&taskrunnerv1.ConnectRequest{Msg: &taskrunnerv1.ConnectRequest_Heartbeat{Heartbeat: &taskrunnerv1.Heartbeat{Time: timestamppb.Now()}}}); err != nil {
 				return
 			}
