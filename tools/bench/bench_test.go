@@ -26,8 +26,13 @@ import (
 const clientEnv = "TASKRUNNER_BENCH_TEST_CLIENT"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(clientEnv) == "1" {
-		if err := RunClient(context.Background(), os.Stdin, os.Stdout, slog.New(slog.DiscardHandler)); err != nil {
+	// "1": bench-events' client process; "sse": bench-sse's.
+	if mode := os.Getenv(clientEnv); mode != "" {
+		run := RunClient
+		if mode == "sse" {
+			run = RunSSEClient
+		}
+		if err := run(context.Background(), os.Stdin, os.Stdout, slog.New(slog.DiscardHandler)); err != nil {
 			fmt.Fprintln(os.Stderr, "bench client:", err)
 			os.Exit(1)
 		}

@@ -91,6 +91,7 @@ type Env struct {
 	BaseAddr string // the baseline's HTTPS receiver
 	baseTLS  *tls.Config
 	Baseline *BaselineServer
+	sse      *sse.Handler // the gateway's SSE handler, for its open-stream gauge
 	closeFns []func()
 
 	clientCmd []string
@@ -294,6 +295,7 @@ func (e *Env) startServices(ctx context.Context, o EnvOptions) error {
 	if err != nil {
 		return err
 	}
+	e.sse = h
 	hl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		h.Close()
