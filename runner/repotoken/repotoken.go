@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/runner/rpcretry"
 )
 
 // Token is a repository token with where to use it.
@@ -47,31 +49,56 @@ type Source interface {
 // ErrAuth marks a refused request for a token.
 var ErrAuth = errors.New("authentication failed")
 
+// attemptTimeout bounds one IssueRepoToken call; the server may call GitHub on a cache miss.
+const attemptTimeout = 30 * time.Second
+
 // GRPC asks GitHubTokenService.
 type GRPC struct {
 	client      taskrunnerv1.GitHubTokenServiceClient
 	taskID      string
 	traceparent string
+
+	// Retry bounds the waits between attempts (zero: rpcretry's defaults, up to 1 s).
+	Retry rpcretry.Policy
+	// Logger, if set, hears about every retried failure (never a token).
+	Logger *slog.Logger
 }
 
-// NewGRPC returns a Source over conn (dialled with the task's mTLS credentials).
+// NewGRPC returns a Source over conn (dialled with the task's mTLS credentials and
+// rpcretry.DialOption, so grpc-go's reconnects are as quick as the retries).
 func NewGRPC(conn grpc.ClientConnInterface, taskID, traceparent string) *GRPC {
 	return &GRPC{client: taskrunnerv1.NewGitHubTokenServiceClient(conn), taskID: taskID, traceparent: traceparent}
 }
 
-// Token calls IssueRepoToken. Errors carry the status code and message only.
+// Token calls IssueRepoToken, retrying every failure but a definite refusal
+// (rpcretry.Retryable) until ctx ends: a control-plane restart while a task clones must cost
+// the task a second, not the task. Each attempt waits for the connection to be ready and is
+// bounded by attemptTimeout. Errors carry the status code and message only.
 func (g *GRPC) Token(ctx context.Context) (Token, error) {
 	if g.traceparent != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "traceparent", g.traceparent)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	resp, err := g.client.IssueRepoToken(ctx, &taskrunnerv1.IssueRepoTokenRequest{TaskId: g.taskID})
+	policy := g.Retry
+	if policy.AttemptTimeout == 0 {
+		policy.AttemptTimeout = attemptTimeout
+	}
+	if policy.Notify == nil && g.Logger != nil {
+		policy.Notify = func(err error, next time.Duration) {
+			st := status.Convert(err)
+			g.Logger.Warn("GitHubTokenService.IssueRepoToken failed; retrying", "code", st.Code().String(), "message", st.Message(), "delay", next)
+		}
+	}
+	resp, err := rpcretry.Do(ctx, policy, func(ctx context.Context) (*taskrunnerv1.IssueRepoTokenResponse, error) {
+		return g.client.IssueRepoToken(ctx, &taskrunnerv1.IssueRepoTokenRequest{TaskId: g.taskID}, grpc.WaitForReady(true))
+	})
 	if err != nil {
-		st := status.Convert(err)
+		st := innerStatus(err)
 		switch st.Code() {
 		case codes.Unauthenticated, codes.PermissionDenied:
 			return Token{}, fmt.Errorf("%w: GitHubTokenService refused the task certificate: %s: %s", ErrAuth, st.Code(), st.Message())
+		}
+		if ctx.Err() != nil {
+			return Token{}, fmt.Errorf("GitHubTokenService.IssueRepoToken: %s: %s (gave up: %v)", st.Code(), st.Message(), context.Cause(ctx))
 		}
 		return Token{}, fmt.Errorf("GitHubTokenService.IssueRepoToken: %s: %s", st.Code(), st.Message())
 	}
@@ -82,6 +109,16 @@ func (g *GRPC) Token(ctx context.Context) (Token, error) {
 		Value: resp.GetToken(), Expiry: resp.GetExpireTime().AsTime(), Repo: resp.GetRepo(),
 		APIBaseURL: resp.GetApiBaseUrl(), GitBaseURL: resp.GetGitBaseUrl(),
 	}, nil
+}
+
+// innerStatus is the gRPC status err carries, with its own message (status.Convert would put
+// the whole wrapped text in the message).
+func innerStatus(err error) *status.Status {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus()
+	}
+	return status.Convert(err)
 }
 
 // MinValidity is how long a cached token must still be valid to be handed out again.

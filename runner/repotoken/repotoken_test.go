@@ -2,6 +2,7 @@ package repotoken
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/runner/rpcretry"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -109,5 +111,91 @@ func TestGRPCErrors(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 			require.Equal(t, tc.auth, errorsIs(err, ErrAuth))
 		})
+	}
+}
+
+// flakyService fails IssueRepoToken with codes[i] on call i, then succeeds.
+type flakyService struct {
+	taskrunnerv1.UnimplementedGitHubTokenServiceServer
+	mu    sync.Mutex
+	calls int
+	codes []codes.Code
+}
+
+func (f *flakyService) IssueRepoToken(context.Context, *taskrunnerv1.IssueRepoTokenRequest) (*taskrunnerv1.IssueRepoTokenResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.calls <= len(f.codes) {
+		return nil, status.Error(f.codes[f.calls-1], "control plane restarting")
+	}
+	return &taskrunnerv1.IssueRepoTokenResponse{Token: "ghs_fresh", Repo: "acme/greet", GitBaseUrl: "https://git.example"}, nil
+}
+
+// TestGRPCRetriesThroughARestart: a control-plane restart answers Unavailable, then Internal
+// and ResourceExhausted while its database comes back; the token still arrives (it used to
+// fail the cloning task at the first Unavailable).
+func TestGRPCRetriesThroughARestart(t *testing.T) {
+	svc := &flakyService{codes: []codes.Code{codes.Unavailable, codes.Unavailable, codes.Internal, codes.ResourceExhausted, codes.DeadlineExceeded}}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	taskrunnerv1.RegisterGitHubTokenServiceServer(srv, svc)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	g := NewGRPC(conn, "t1", "")
+	g.Retry = rpcretry.Policy{MinDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond}
+	tok, err := g.Token(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "ghs_fresh", tok.Value)
+	require.Equal(t, 6, svc.calls)
+}
+
+// TestGRPCRetriesWhileTheServiceIsDown: with no server listening for a while, the call waits
+// and succeeds once the service is started, and a deadline ends it with the reason.
+func TestGRPCRetriesWhileTheServiceIsDown(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close()) // down: connections are refused
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		rpcretry.DialOption(time.Millisecond, 50*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	g := NewGRPC(conn, "t1", "")
+	g.Retry = rpcretry.Policy{MinDelay: time.Millisecond, MaxDelay: 50 * time.Millisecond, AttemptTimeout: 100 * time.Millisecond}
+
+	ctx, cancel := context.WithTimeoutCause(context.Background(), 300*time.Millisecond, errors.New("task deadline"))
+	defer cancel()
+	_, err = g.Token(ctx)
+	require.ErrorContains(t, err, "GitHubTokenService.IssueRepoToken: ")
+	require.ErrorContains(t, err, "gave up: task deadline")
+	require.False(t, errorsIs(err, ErrAuth))
+
+	type result struct {
+		tok Token
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		tok, err := g.Token(context.Background())
+		got <- result{tok, err}
+	}()
+	lis, err = net.Listen("tcp", addr)
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	taskrunnerv1.RegisterGitHubTokenServiceServer(srv, &flakyService{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	select {
+	case r := <-got:
+		require.NoError(t, r.err)
+		require.Equal(t, "ghs_fresh", r.tok.Value)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the token call did not recover when the service came back")
 	}
 }
