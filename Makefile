@@ -91,3 +91,14 @@ bench-events: check-go
 	$(GO) build -o $(BIN)/bench-events ./tools/bench/cmd/bench-events
 	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/bench.env
 	source $(DEV)/bench.env && $(BIN)/bench-events $(BENCH_FLAGS)
+
+# The SSE fan-out benchmark (issue 17): the gateway's SSE hub against Mercure
+# (embedded, in tools/bench's own module), about 5 minutes on 2 cores; it
+# raises its open-file limit itself. Smaller runs: make bench-sse BENCH_FLAGS='-idle 1000 -subs 100'.
+.PHONY: bench-sse
+bench-sse: check-go
+	@mkdir -p $(DEV)
+	$(GO) build -o $(BIN)/devstack ./tools/cmd/devstack
+	$(GO) build -o $(BIN)/bench-sse ./tools/bench/cmd/bench-sse
+	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/bench.env
+	source $(DEV)/bench.env && $(BIN)/bench-sse $(BENCH_FLAGS)

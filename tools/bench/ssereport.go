@@ -35,9 +35,17 @@ func WriteSSEFanout(w io.Writer, results []SSEResult) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d×%d\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t\n",
 			r.Name, r.Hub, r.Tasks, r.Subs, publisherName(r.SSEScenario), r.Published, r.Delivered, r.Expected, r.Duplicates, r.Lost, r.Reconnects,
-			r.DeliveriesPerSec(), ms(r.Ack.P50), ms(r.Latency.P50), ms(r.Latency.P99), r.ServerCPU.Seconds(), r.PGRedisCPU.Seconds(), r.CPU.Seconds())
+			r.DeliveriesPerSec(), ackP50(r), ms(r.Latency.P50), ms(r.Latency.P99), r.ServerCPU.Seconds(), r.PGRedisCPU.Seconds(), r.CPU.Seconds())
 	}
 	_ = tw.Flush()
+}
+
+// ackP50 is "-" for a paced publisher, which does not wait for its acks.
+func ackP50(r SSEResult) string {
+	if r.Ack.N == 0 {
+		return "-"
+	}
+	return ms(r.Ack.P50)
 }
 
 // WriteSSEIdle prints one line per idle result.
