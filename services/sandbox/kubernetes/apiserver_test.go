@@ -375,4 +375,3 @@ func (a *apiServer) jobDeadline(t *testing.T, name string) time.Time {
 	require.NotNil(t, job.Spec.ActiveDeadlineSeconds)
 	return job.CreationTimestamp.Add(time.Duration(*job.Spec.ActiveDeadlineSeconds) * time.Second)
 }
-

@@ -16,8 +16,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
+
 	"github.com/taskrunner/taskrunner/services/sandbox"
 )
+
+// UnisolatedEnv is the escape hatch that lets the provider run tasks as
+// plain processes when bubblewrap is missing. New reads it itself (as well
+// as Config.Unisolated) so that no caller can lose it on the way.
+const UnisolatedEnv = "TASKRUNNER_PROCESS_UNISOLATED"
 
 // Config configures the provider.
 type Config struct {
@@ -25,8 +32,14 @@ type Config struct {
 	RunnerBin string
 	// WorkRoot holds one directory per sandbox.
 	WorkRoot string
-	// Bwrap is "auto" (use bubblewrap when it works), "always" or "never".
+	// Bwrap is "auto" or "" (bubblewrap, refusing to start without it
+	// unless Unisolated), "always" (bubblewrap, never unisolated) or
+	// "never" (plain processes: an explicit choice for tests whose fake
+	// runner writes outside its workspace).
 	Bwrap string
+	// Unisolated allows plain processes when bubblewrap does not work
+	// here; TASKRUNNER_PROCESS_UNISOLATED=1 in the environment does too.
+	Unisolated bool `env:"TASKRUNNER_PROCESS_UNISOLATED"`
 	// KillGrace is how long Destroy waits after SIGTERM before SIGKILL.
 	KillGrace time.Duration
 }
@@ -60,7 +73,8 @@ type Provider struct {
 
 var _ sandbox.Provider = (*Provider)(nil)
 
-// New validates cfg and probes bubblewrap.
+// New validates cfg and probes bubblewrap: without a working bwrap it
+// refuses to start unless unisolated processes were asked for explicitly.
 func New(cfg Config, log *slog.Logger) (*Provider, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -68,30 +82,58 @@ func New(cfg Config, log *slog.Logger) (*Provider, error) {
 	if cfg.KillGrace <= 0 {
 		cfg.KillGrace = 10 * time.Second
 	}
+	if os.Getenv(UnisolatedEnv) == "1" {
+		cfg.Unisolated = true
+	}
 	abs, err := filepath.Abs(cfg.WorkRoot)
 	if err != nil {
 		return nil, err
 	}
-	cfg.WorkRoot = abs
-	if err := os.MkdirAll(cfg.WorkRoot, 0o755); err != nil {
+	if err := os.MkdirAll(abs, 0o755); err != nil {
 		return nil, fmt.Errorf("process provider: work root: %w", err)
 	}
+	// Mount targets must be real paths: bwrap does not follow a symlink
+	// in a destination the way the kernel does for the caller.
+	if cfg.WorkRoot, err = filepath.EvalSymlinks(abs); err != nil {
+		return nil, fmt.Errorf("process provider: work root: %w", err)
+	}
+	if bin, err := filepath.Abs(cfg.RunnerBin); err == nil {
+		cfg.RunnerBin = bin
+	}
 	p := &Provider{cfg: cfg, log: log}
-	if cfg.Bwrap != "never" {
-		path, err := exec.LookPath("bwrap")
-		if err == nil {
-			err = exec.Command(path, bwrapArgs("/", []string{"true"})...).Run()
-		}
-		switch {
-		case err == nil:
-			p.bwrap = path
-		case cfg.Bwrap == "always":
-			return nil, fmt.Errorf("process provider: TASKRUNNER_PROCESS_BWRAP=always but bubblewrap does not work here: %w", err)
-		default:
-			log.Warn("bubblewrap not available; sandboxes run as plain processes", "error", err)
-		}
+	if cfg.Bwrap == "never" {
+		log.Warn("TASKRUNNER_PROCESS_BWRAP=never: tasks run as plain processes and can read and write each other's workspaces")
+		return p, nil
+	}
+	path, err := exec.LookPath("bwrap")
+	if err == nil {
+		err = p.probe(path)
+	}
+	switch {
+	case err == nil:
+		p.bwrap = path
+	case cfg.Bwrap == "always" || !cfg.Unisolated:
+		return nil, fmt.Errorf("process provider: bubblewrap (bwrap) does not work here (%v); without it a task could read and write "+
+			"other tasks' workspaces. Install it (apt-get install bubblewrap, or `make bubblewrap`), or set %s=1 to run tasks "+
+			"unisolated anyway", err, UnisolatedEnv)
+	default:
+		log.Warn("bubblewrap not available and "+UnisolatedEnv+"=1: tasks run as plain processes", "error", err)
 	}
 	return p, nil
+}
+
+// probe runs true(1) in a sandbox made the way Create makes one.
+func (p *Provider) probe(bwrap string) error {
+	dir, err := os.MkdirTemp(p.cfg.WorkRoot, ".probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	out, err := exec.Command(bwrap, p.bwrapArgs(dir, []string{"true"})...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // Name implements sandbox.Provider.
@@ -100,11 +142,53 @@ func (p *Provider) Name() string { return "process" }
 // Isolated reports whether sandboxes run inside bubblewrap.
 func (p *Provider) Isolated() bool { return p.bwrap != "" }
 
-func bwrapArgs(dir string, argv []string) []string {
-	return append([]string{
-		"--bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-		"--unshare-pid", "--unshare-ipc", "--new-session", "--chdir", dir, "--",
-	}, argv...)
+// runnerCaps are what a runner started as root keeps inside bubblewrap: it
+// prepares the workspace for the agent's user (chown), switches to that
+// user (setuid/setgid), works in the agent's files and stops the agent.
+// CAP_SYS_ADMIN is not among them, so nothing inside can undo the mounts.
+var runnerCaps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
+
+// bwrapArgs builds the sandbox of one task: the host read-only (the
+// runner binary, git, node and the agent CLIs are reachable), a private
+// /tmp, /dev and /proc, the work root replaced by an empty read-only tmpfs
+// so other tasks' directories do not exist inside, and only the task's own
+// workspace mounted back writable. PID, IPC and UTS namespaces are
+// private; the network is kept (the runner dials the control plane).
+func (p *Provider) bwrapArgs(work string, argv []string) []string {
+	args := []string{
+		"--ro-bind", "/", "/",
+		"--dev", "/dev",
+		"--proc", "/proc",
+		"--tmpfs", "/tmp",
+		"--tmpfs", "/var/tmp",
+		"--tmpfs", p.cfg.WorkRoot,
+		"--dir", work,
+		"--remount-ro", p.cfg.WorkRoot,
+		"--bind", work, work,
+	}
+	// The runner (and an explicit command) may live under a path hidden
+	// above, as in tests; mount it back read-only.
+	bins := []string{p.cfg.RunnerBin}
+	if filepath.IsAbs(argv[0]) {
+		bins = append(bins, argv[0])
+	}
+	for _, b := range bins {
+		if b, err := filepath.EvalSymlinks(b); err == nil {
+			args = append(args, "--ro-bind", b, b)
+		}
+	}
+	if os.Geteuid() == 0 {
+		args = append(args, "--cap-drop", "ALL")
+		for _, c := range runnerCaps {
+			args = append(args, "--cap-add", c)
+		}
+	}
+	// No --new-session: Create already starts bwrap in a session of its
+	// own without a controlling terminal (so TIOCSTI has no target), and
+	// staying in that session is what lets Destroy find every process of
+	// the sandbox even after bwrap itself died.
+	args = append(args, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--chdir", work, "--")
+	return append(args, argv...)
 }
 
 // state is what a sandbox's state.json holds.
@@ -123,6 +207,9 @@ func (p *Provider) dir(id string) string       { return filepath.Join(p.cfg.Work
 func (p *Provider) statePath(id string) string { return filepath.Join(p.dir(id), "state.json") }
 
 func (p *Provider) readState(id string) (*state, error) {
+	if !validID(id) {
+		return nil, fmt.Errorf("%w: %q", sandbox.ErrNotFound, id)
+	}
 	b, err := os.ReadFile(p.statePath(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s", sandbox.ErrNotFound, id)
@@ -217,7 +304,7 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandb
 	name := argv[0]
 	args := argv[1:]
 	if p.bwrap != "" {
-		name, args = p.bwrap, bwrapArgs(work, argv)
+		name, args = p.bwrap, p.bwrapArgs(work, argv)
 	}
 	logf, err := os.OpenFile(filepath.Join(dir, "runner.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -320,15 +407,19 @@ func (p *Provider) List(_ context.Context, labels map[string]string) ([]sandbox.
 	return out, nil
 }
 
-// Destroy implements sandbox.Provider: SIGTERM to the process group, SIGKILL
-// after the grace period, then the work directory is removed (the runner's
-// log is kept next to it as <id>.log).
+// Destroy implements sandbox.Provider: SIGTERM to the process tree,
+// SIGKILL after the grace period, then everything the task left on this
+// host is removed: its directory (workspace, state, runner log) and the
+// <id>.log that earlier versions kept beside it.
 func (p *Provider) Destroy(ctx context.Context, id string) error {
-	s, err := p.readState(id)
-	if errors.Is(err, sandbox.ErrNotFound) {
-		return nil
+	if !validID(id) {
+		return nil // cannot name a sandbox directory, so there is none
 	}
-	if err != nil {
+	s, err := p.readState(id)
+	switch {
+	case errors.Is(err, sandbox.ErrNotFound):
+		return p.removeFiles(id) // a Create that died before its state file
+	case err != nil:
 		return err
 	}
 	// Collect the whole tree before signalling: once the leader dies its
@@ -336,25 +427,68 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 	victims := sessionTree(s.PID)
 	if s.alive() {
 		signalAll(victims, syscall.SIGTERM)
-		deadline := time.Now().Add(p.cfg.KillGrace)
-		for anyAlive(victims) && time.Now().Before(deadline) {
-			select {
-			case <-ctx.Done():
-				deadline = time.Now()
-			case <-time.After(50 * time.Millisecond):
+		// Poll until the tree is gone or the grace period ends (a
+		// cancelled ctx ends it early): the kill below follows anyway.
+		// bubblewrap's own processes are not waited for: its init in the
+		// PID namespace ignores SIGTERM and exits once the runner has.
+		workers := p.notBwrap(victims)
+		_, _ = backoff.Retry(ctx, func() (struct{}, error) {
+			if anyAlive(workers) {
+				return struct{}{}, errStillAlive
 			}
-		}
+			return struct{}{}, nil
+		}, backoff.WithBackOff(backoff.NewConstantBackOff(50*time.Millisecond)), backoff.WithMaxElapsedTime(p.cfg.KillGrace))
 	}
 	// Whatever is left (agents in their own process groups or sessions
-	// included) is killed.
-	signalAll(append(victims, sessionTree(s.PID)...), syscall.SIGKILL)
-	dir := p.dir(id)
-	_ = os.Rename(filepath.Join(dir, "runner.log"), filepath.Join(p.cfg.WorkRoot, id+".log"))
-	if err := os.RemoveAll(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		// The agent may have created files owned by another user; try harder.
-		return fmt.Errorf("remove sandbox %s: %w", id, err)
+	// included) is killed, again until nothing of the session is left: a
+	// sandbox destroyed while it starts may still be forking.
+	signalAll(victims, syscall.SIGKILL)
+	_, _ = backoff.Retry(context.WithoutCancel(ctx), func() (struct{}, error) {
+		left := sessionTree(s.PID)
+		if len(left) == 0 {
+			return struct{}{}, nil
+		}
+		signalAll(left, syscall.SIGKILL)
+		return struct{}{}, errStillAlive
+	}, backoff.WithBackOff(backoff.NewConstantBackOff(20*time.Millisecond)), backoff.WithMaxElapsedTime(5*time.Second))
+	if err := p.removeFiles(id); err != nil {
+		return err
 	}
 	p.log.Info("sandbox destroyed", "sandbox_id", id)
+	return nil
+}
+
+var errStillAlive = errors.New("sandbox processes still alive")
+
+// notBwrap leaves out the bubblewrap processes of procs.
+func (p *Provider) notBwrap(procs []procRef) []procRef {
+	if p.bwrap == "" {
+		return procs
+	}
+	bw, _ := filepath.EvalSymlinks(p.bwrap)
+	out := procs[:0:0]
+	for _, pr := range procs {
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pr.pid)); err != nil || exe != bw {
+			out = append(out, pr)
+		}
+	}
+	return out
+}
+
+// validID accepts what sandbox.Name produces, so Destroy never removes a
+// path outside the work root.
+func validID(id string) bool {
+	return id != "" && id != "." && id != ".." && !strings.ContainsAny(id, "/\\") && !strings.HasPrefix(id, ".")
+}
+
+// removeFiles deletes the task's directory and log.
+func (p *Provider) removeFiles(id string) error {
+	if err := os.RemoveAll(p.dir(id)); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", id, err)
+	}
+	if err := os.Remove(filepath.Join(p.cfg.WorkRoot, id+".log")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove sandbox %s: %w", id, err)
+	}
 	return nil
 }
 
