@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/taskrunner/taskrunner/runner/eventsclient"
 	"github.com/taskrunner/taskrunner/runner/redact"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
@@ -23,13 +24,16 @@ type Reporter interface {
 const (
 	DefaultLogInterval = 250 * time.Millisecond
 	DefaultLogMaxLines = 200
-	maxLogLineBytes    = 2000
+	// maxLogLineBytes bounds one line; a longer one ends with "… [truncated N bytes]".
+	maxLogLineBytes = 2000
 )
 
-// emitter serialises every event the runner sends and batches log lines: at most one Log
-// event per interval, with at most maxLines lines (the newest; older ones are counted and
-// replaced by a marker). Pending log lines are always flushed before any other event, so the
-// order of events is the order things happened.
+// emitter serialises every event the runner sends and batches log lines: at most one flush
+// per interval, with at most maxLines lines (the newest; older ones are counted and replaced
+// by a marker). A flush is as many Log events as it takes to keep each under
+// eventsclient.LogBatchBytes of lines (the Events service refuses an event over 64 KiB, and
+// 200 lines of 2,000 bytes are far more). Pending log lines are always flushed before any
+// other event, so the order of events is the order things happened.
 type emitter struct {
 	rep      Reporter
 	red      *redact.Redactor
@@ -89,7 +93,7 @@ func (e *emitter) lines(stage taskrunnerv1.TaskStage, lines ...string) {
 			e.inKey = !strings.Contains(l, "-----END")
 			l = redact.Mask
 		}
-		e.pending = append(e.pending, redact.Truncate(l, maxLogLineBytes))
+		e.pending = append(e.pending, redact.TruncateCounted(l, maxLogLineBytes))
 	}
 	if over := len(e.pending) - e.maxLines; over > 0 {
 		e.pending = append(e.pending[:0:0], e.pending[over:]...)
@@ -128,7 +132,9 @@ func (e *emitter) flushLocked() {
 	}
 	e.pending, e.dropped = nil, 0
 	e.last = time.Now()
-	e.sendLocked(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: lines, Stage: e.stage}}})
+	for _, batch := range eventsclient.SplitLines(lines, eventsclient.LogBatchBytes) {
+		e.sendLocked(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: batch, Stage: e.stage}}})
+	}
 }
 
 func (e *emitter) sendLocked(ev *taskrunnerv1.Event) {

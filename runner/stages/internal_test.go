@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/taskrunner/taskrunner/runner/redact"
 
@@ -131,4 +133,45 @@ func TestTracker(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEmitterSplitsABurstByBytes replays the agent turn that made a 108,747-byte log event
+// (the server's limit is 64 KiB, and the refusal ended the runner's stream): one flush now
+// sends several log events, each under the limit, with every line in order; an overlong line
+// says how much of it was cut.
+func TestEmitterSplitsABurstByBytes(t *testing.T) {
+	rep := &memReporter{}
+	red, err := redact.New(nil)
+	require.NoError(t, err)
+	e := newEmitter(rep, red, slog.New(slog.DiscardHandler), time.Hour, 0)
+	var burst []string
+	total := 0
+	for i := 0; total < 108_747; i++ {
+		l := fmt.Sprintf("%03d %s", i, strings.Repeat(`say "hi" \ `, 53))
+		if total+len(l) > 108_747 {
+			l = l[:108_747-total]
+		}
+		burst = append(burst, l)
+		total += len(l)
+	}
+	long := strings.Repeat("ü", 1500) // 3,000 bytes
+	e.lines(taskrunnerv1.TaskStage_TASK_STAGE_APPLY, append(burst, long)...)
+	e.close()
+
+	evs := rep.events()
+	require.Greater(t, len(evs), 2, "several events")
+	var got []string
+	for _, ev := range evs {
+		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(ev)
+		require.NoError(t, err)
+		require.Less(t, len(b), 64<<10, "every event under the server's limit")
+		require.Equal(t, taskrunnerv1.TaskStage_TASK_STAGE_APPLY, ev.GetLog().GetStage())
+		got = append(got, ev.GetLog().GetLines()...)
+	}
+	require.Equal(t, burst, got[:len(burst)])
+	require.Len(t, got, len(burst)+1)
+	cut := got[len(burst)]
+	require.LessOrEqual(t, len(cut), maxLogLineBytes)
+	require.True(t, strings.HasPrefix(long, strings.Split(cut, "…")[0]))
+	require.Regexp(t, `… \[truncated \d+ bytes\]$`, cut)
 }

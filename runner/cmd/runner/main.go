@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -28,6 +29,7 @@ import (
 	"github.com/taskrunner/taskrunner/runner/proc"
 	"github.com/taskrunner/taskrunner/runner/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
+	"github.com/taskrunner/taskrunner/runner/rpcretry"
 	"github.com/taskrunner/taskrunner/runner/stages"
 	"github.com/taskrunner/taskrunner/runner/workspace"
 	"github.com/taskrunner/taskrunner/services/telemetry"
@@ -43,44 +45,26 @@ const (
 	exitConfig = 2
 )
 
-// closeTimeout bounds waiting for the Events service to acknowledge the last events.
+// closeTimeout is the least time given to the Events service to acknowledge the last events;
+// with a deadline further away, the runner waits until the deadline (an outage shorter than the
+// task's deadline must not lose the task's last events).
 const closeTimeout = 30 * time.Second
 
 func main() { os.Exit(run()) }
 
+// run is the runner's life in named steps: configure, trace, stream events, prepare the
+// sandbox, run the stages.
 func run() int {
 	if err := protectSecrets(); err != nil {
 		fmt.Fprintln(os.Stderr, "runner: cannot make the process non-dumpable:", err)
 		return exitConfig
 	}
-	cfg, err := config.Load(os.Environ())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "runner: invalid", err)
-		return exitConfig
+	r, code := configure()
+	if r == nil {
+		return code
 	}
-	level, _ := levelOf(cfg.LogLevel)
-	log := slog.New(telemetry.Handler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))).With("task_id", cfg.TaskID)
-	if id := cfg.TraceID(); id != "" && !telemetry.Exporting() {
-		log = log.With("trace_id", id) // with an SDK exporting, the handler adds trace and span ids
-	}
-	patterns, _ := cfg.RedactRegexps()
-	red, err := redact.New(patterns)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "runner: invalid configuration: TASKRUNNER_REDACT_PATTERNS:", err)
-		return exitConfig
-	}
-	for _, k := range []string{"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY"} {
-		red.AddLiteral(os.Getenv(k))
-	}
-	tlsCfg, err := cfg.ClientTLS()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "runner: invalid configuration:", err)
-		return exitConfig
-	}
-
-	// One trace per task: the runner span continues the dispatch trace
-	// handed over in TRACEPARENT, and every RPC, git and GitHub call below
-	// is its descendant.
+	// One trace per task: the runner span continues the dispatch trace handed over in
+	// TRACEPARENT, and every RPC, git and GitHub call below is its descendant.
 	tel, err := telemetry.Setup(context.Background(), "runner")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "runner: invalid configuration: OTEL_* variables:", err)
@@ -92,15 +76,86 @@ func run() int {
 		_ = tel.Shutdown(sctx)
 	}()
 	base, span := otel.Tracer("github.com/taskrunner/taskrunner/runner").Start(
-		telemetry.ContextFromTraceparent(context.Background(), cfg.TraceParent), "runner",
-		trace.WithAttributes(attribute.String("taskrunner.task_id", cfg.TaskID), attribute.String("taskrunner.repo", cfg.Repo),
-			attribute.String("taskrunner.agent", string(cfg.Agent))))
+		telemetry.ContextFromTraceparent(context.Background(), r.cfg.TraceParent), "runner",
+		trace.WithAttributes(attribute.String("taskrunner.task_id", r.cfg.TaskID), attribute.String("taskrunner.repo", r.cfg.Repo),
+			attribute.String("taskrunner.agent", string(r.cfg.Agent))))
 	defer span.End()
-	ctx, cancel := context.WithCancelCause(base)
-	defer cancel(nil)
+	ctx, stopSignals := cancelOnSignal(base)
+	defer stopSignals()
+
+	// The work directory comes first so the events client can spill there; a failure to make
+	// it is reported once the client runs.
+	root, rootErr := workRoot(r.cfg)
+	if err := r.startEvents(ctx, root); err != nil {
+		fmt.Fprintln(os.Stderr, "runner: events client:", err)
+		return exitConfig
+	}
+	defer r.closeEvents()
+	if rootErr != nil {
+		return r.failEarly("workdir: " + rootErr.Error())
+	}
+	opts, failure := r.prepare(root)
+	if failure != "" {
+		return r.failEarly(failure)
+	}
+	defer func() { _ = r.tokenConn.Close() }()
+
+	out := stages.Run(ctx, opts)
+	r.log.InfoContext(ctx, "runner finished", "status", out.Status.String(), "reason", out.Reason, "pr_url", out.PRURL)
+	span.SetAttributes(attribute.String("taskrunner.outcome", out.Status.String()), attribute.String("taskrunner.pr_url", out.PRURL))
+	if out.Status == stages.StatusFailed {
+		span.SetStatus(codes.Error, out.Reason)
+		return exitFailed
+	}
+	return exitOK
+}
+
+// runner is what the steps of run share.
+type runner struct {
+	cfg       config.Config
+	log       *slog.Logger
+	red       *redact.Redactor
+	tls       *tls.Config
+	rpcTel    grpc.DialOption
+	events    *eventsclient.Client
+	tokenConn *grpc.ClientConn
+}
+
+// configure reads the environment: configuration, logger, redactor, client TLS. A nil runner
+// comes with the exit status.
+func configure() (*runner, int) {
+	cfg, err := config.Load(os.Environ())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runner: invalid", err)
+		return nil, exitConfig
+	}
+	level, _ := levelOf(cfg.LogLevel)
+	log := slog.New(telemetry.Handler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))).With("task_id", cfg.TaskID)
+	if id := cfg.TraceID(); id != "" && !telemetry.Exporting() {
+		log = log.With("trace_id", id) // with an SDK exporting, the handler adds trace and span ids
+	}
+	patterns, _ := cfg.RedactRegexps()
+	red, err := redact.New(patterns)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runner: invalid configuration: TASKRUNNER_REDACT_PATTERNS:", err)
+		return nil, exitConfig
+	}
+	for _, k := range []string{"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY"} {
+		red.AddLiteral(os.Getenv(k))
+	}
+	tlsCfg, err := cfg.ClientTLS()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runner: invalid configuration:", err)
+		return nil, exitConfig
+	}
+	return &runner{cfg: cfg, log: log, red: red, tls: tlsCfg, rpcTel: grpc.WithStatsHandler(otelgrpc.NewClientHandler())}, exitOK
+}
+
+// cancelOnSignal cancels ctx, as a request to cancel the task, on SIGTERM or SIGINT.
+func cancelOnSignal(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
 	go func() {
 		select {
 		case s := <-sigs:
@@ -108,52 +163,74 @@ func run() int {
 		case <-ctx.Done():
 		}
 	}()
+	return ctx, func() { signal.Stop(sigs); cancel(nil) }
+}
 
-	rpcTel := grpc.WithStatsHandler(otelgrpc.NewClientHandler())
+// workRoot is TASKRUNNER_WORKDIR, or a new temporary directory.
+func workRoot(cfg config.Config) (string, error) {
+	if cfg.WorkDir != "" {
+		return cfg.WorkDir, nil
+	}
+	return os.MkdirTemp("", "taskrunner-"+cfg.TaskID+"-")
+}
+
+// startEvents starts the events stream. Events beyond the in-memory buffer spill to a file
+// in root (created only if needed, removed by Close; root is 0755 and the file 0600, so the
+// agent user can neither read nor replace it). The stream outlives ctx: a signal cancels the
+// task, and the Cancelled event that follows must still be delivered; closeEvents ends it.
+func (r *runner) startEvents(ctx context.Context, root string) error {
 	events, err := eventsclient.New(eventsclient.Config{
-		Addr: cfg.EventsAddr, TLS: tlsCfg.Clone(), TaskID: cfg.TaskID, RunnerVersion: version, Logger: log,
-		DialOptions: []grpc.DialOption{rpcTel},
+		Addr: r.cfg.EventsAddr, TLS: r.tls.Clone(), TaskID: r.cfg.TaskID, RunnerVersion: version, Logger: r.log,
+		SpillDir: root, DialOptions: []grpc.DialOption{r.rpcTel},
 	})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "runner: events client:", err)
-		return exitConfig
+		return err
 	}
-	events.Start(ctx)
-	defer func() {
-		cctx, ccancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer ccancel()
-		if err := events.Close(cctx); err != nil {
-			log.Error("not every event was acknowledged", "err", err)
-		}
-	}()
-	// failEarly reports a setup failure before the stages run.
-	failEarly := func(reason string) int {
-		reason = redact.Truncate(red.Line(reason), stages.MaxReasonBytes)
-		log.Error("task failed", "reason", reason)
-		_, _ = events.Send(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Failed{Failed: &taskrunnerv1.Failed{Reason: reason}}})
-		return exitFailed
-	}
+	events.Start(context.WithoutCancel(ctx))
+	r.events = events
+	return nil
+}
 
+// closeEvents waits for the last events to be acknowledged: at least closeTimeout, and up to
+// the task's deadline when that is later.
+func (r *runner) closeEvents() {
+	wait := closeTimeout
+	if d := r.cfg.DeadlineTime(); !d.IsZero() {
+		wait = max(wait, time.Until(d))
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), wait)
+	defer ccancel()
+	if err := r.events.Close(cctx); err != nil {
+		r.log.Error("not every event was acknowledged", "err", err)
+	}
+}
+
+// failEarly reports a setup failure before the stages run.
+func (r *runner) failEarly(reason string) int {
+	reason = redact.Truncate(r.red.Line(reason), stages.MaxReasonBytes)
+	r.log.Error("task failed", "reason", reason)
+	_, _ = r.events.Send(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Failed{Failed: &taskrunnerv1.Failed{Reason: reason}}})
+	return exitFailed
+}
+
+// prepare sets up everything the stages need: the agent user, the directories, the tools, the
+// token source and the workspace. A non-empty failure is the reason to report.
+func (r *runner) prepare(root string) (opts stages.Options, failure string) {
+	cfg := r.cfg
 	var user *proc.User
 	asRoot := os.Geteuid() == 0
 	if asRoot {
 		uid, gid, err := cfg.AgentCredential()
 		if err != nil {
-			return failEarly(err.Error())
+			return opts, err.Error()
 		}
 		if uid != 0 {
 			user = &proc.User{Uid: uid, Gid: gid, Groups: []uint32{}}
 		}
 	}
-	root := cfg.WorkDir
-	if root == "" {
-		if root, err = os.MkdirTemp("", "taskrunner-"+cfg.TaskID+"-"); err != nil {
-			return failEarly("workdir: " + err.Error())
-		}
-	}
 	home, repo, err := stages.PrepareDirs(root, user)
 	if err != nil {
-		return failEarly(err.Error())
+		return opts, err.Error()
 	}
 	agentBinVar, agentBin := "TASKRUNNER_CLAUDE_BIN", cfg.ClaudeBin
 	if cfg.Agent == config.AgentCodex {
@@ -161,49 +238,49 @@ func run() int {
 	}
 	agentBin, err = exec.LookPath(agentBin)
 	if err != nil {
-		return failEarly(agentBinVar + ": " + err.Error())
+		return opts, agentBinVar + ": " + err.Error()
 	}
 	openspecBin, err := exec.LookPath(cfg.OpenSpecBin)
 	if err != nil {
-		return failEarly("TASKRUNNER_OPENSPEC_BIN: " + err.Error())
+		return opts, "TASKRUNNER_OPENSPEC_BIN: " + err.Error()
 	}
 	agentBin, _ = filepath.Abs(agentBin)
 	openspecBin, _ = filepath.Abs(openspecBin)
 	extraPath := []string{filepath.Dir(openspecBin), filepath.Dir(agentBin)}
 
-	conn, err := grpc.NewClient(cfg.TokenAddr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg.Clone())), rpcTel)
+	tokens, err := r.tokenSource()
 	if err != nil {
-		return failEarly("GitHubTokenService: " + err.Error())
+		return opts, "GitHubTokenService: " + err.Error()
 	}
-	defer conn.Close()
-	// otelgrpc propagates the trace context; no explicit traceparent needed.
-	tokens := repotoken.NewCached(repotoken.NewGRPC(conn, cfg.TaskID, ""), nil,
-		func(t repotoken.Token) { red.AddLiteral(t.Value) })
-
 	environ := os.Environ()
 	ws := workspace.New(workspace.Config{
 		Dir: repo, Git: cfg.GitBin, Env: stages.BaseEnv(environ, home, extraPath), User: user,
 		TaskID: cfg.TaskID, BaseBranch: cfg.BaseBranch,
 	})
 	agentEnv := stages.AgentEnv(environ, home, extraPath, asRoot && user == nil)
-	runAgent := newAgent(cfg, agentBin, repo, home, agentEnv, user, os.Getenv("OPENAI_API_KEY"))
-	out := stages.Run(ctx, stages.Options{
+	return stages.Options{
 		Task: stages.Task{
 			ID: cfg.TaskID, Repo: cfg.Repo, BaseBranch: cfg.BaseBranch, Prompt: cfg.Prompt,
 			TraceParent: cfg.TraceParent, Deadline: cfg.DeadlineTime(), MaxBudgetUSD: cfg.MaxBudgetUSD,
 		},
-		Reporter: events, Tokens: tokens, Agent: runAgent, Workspace: ws,
-		OpenSpecBin: openspecBin, OpenSpecTool: cfg.Agent, Redactor: red, Logger: log,
-	})
-	log.InfoContext(ctx, "runner finished", "status", out.Status.String(), "reason", out.Reason, "pr_url", out.PRURL)
-	span.SetAttributes(attribute.String("taskrunner.outcome", out.Status.String()), attribute.String("taskrunner.pr_url", out.PRURL))
-	if out.Status == stages.StatusFailed {
-		span.SetStatus(codes.Error, out.Reason)
+		Reporter: r.events, Tokens: tokens, Agent: newAgent(cfg, agentBin, repo, home, agentEnv, user, os.Getenv("OPENAI_API_KEY")),
+		Workspace: ws, OpenSpecBin: openspecBin, OpenSpecTool: cfg.Agent, Redactor: r.red, Logger: r.log,
+	}, ""
+}
+
+// tokenSource dials GitHubTokenService (grpc-go's reconnects bounded like the retries) and
+// returns the cached, retrying token source; every new token is registered for redaction.
+func (r *runner) tokenSource() (repotoken.Source, error) {
+	conn, err := grpc.NewClient(r.cfg.TokenAddr, grpc.WithTransportCredentials(credentials.NewTLS(r.tls.Clone())), r.rpcTel,
+		rpcretry.DialOption(0, 0))
+	if err != nil {
+		return nil, err
 	}
-	if out.Status == stages.StatusFailed {
-		return exitFailed
-	}
-	return exitOK
+	r.tokenConn = conn
+	// otelgrpc propagates the trace context; no explicit traceparent needed.
+	src := repotoken.NewGRPC(conn, r.cfg.TaskID, "")
+	src.Logger = r.log
+	return repotoken.NewCached(src, nil, func(t repotoken.Token) { r.red.AddLiteral(t.Value) }), nil
 }
 
 // newAgent builds the adapter TASKRUNNER_AGENT names.
