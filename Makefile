@@ -49,7 +49,7 @@ agent-access: npm
 	  echo "letting the unprivileged agent user reach $(CURDIR) (chmod o+x on its parent directories)"; \
 	  d="$(CURDIR)"; while [ "$$d" != / ]; do chmod o+x "$$d"; d=$$(dirname "$$d"); done; fi
 
-run: build npm jaeger agent-access
+run: build npm jaeger agent-access bubblewrap
 	$(BIN)/devstack up --dev-dir $(DEV) --bin-dir $(BIN)
 
 # Tests need PostgreSQL and Redis: `devstack deps` finds them or starts
@@ -64,7 +64,18 @@ chromium:
 	     (apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null)); \
 	  else echo "Chromium is required for the browser tests: apt-get install chromium" >&2; exit 1; fi; }
 
-test: check-go npm build jaeger chromium agent-access
+# The process sandbox provider runs every task in bubblewrap and refuses to
+# start without it (TASKRUNNER_PROCESS_UNISOLATED=1 is the escape hatch).
+.PHONY: bubblewrap
+bubblewrap:
+	@test -x /usr/bin/bwrap || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's bubblewrap for the process sandbox provider…"; \
+	    (apt-get install -y --no-install-recommends bubblewrap >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y --no-install-recommends bubblewrap >/dev/null)); \
+	  else echo "bubblewrap is required by the process sandbox provider: apt-get install bubblewrap (or set TASKRUNNER_PROCESS_UNISOLATED=1)" >&2; exit 1; fi; }
+
+test: check-go npm build jaeger chromium agent-access bubblewrap
 	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/test.env
 	source $(DEV)/test.env && TASKRUNNER_REQUIRE_SERVICES=1 TASKRUNNER_REQUIRE_AGENTS=1 TASKRUNNER_BIN_DIR=$(abspath $(BIN)) \
 	  $(GO) test -count=1 -timeout 30m $(PKGS)

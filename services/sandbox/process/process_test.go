@@ -368,4 +368,3 @@ func procsOf(taskID string) []int {
 	}
 	return out
 }
-
