@@ -1,12 +1,10 @@
 package boxlite
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -18,6 +16,7 @@ import (
 	"time"
 
 	"github.com/taskrunner/taskrunner/services/sandbox"
+	"github.com/taskrunner/taskrunner/services/sandbox/httpjson"
 )
 
 // ProviderName is the configuration name of this provider.
@@ -62,8 +61,7 @@ func (c Config) Validate() error {
 // Provider is the BoxLite sandbox provider.
 type Provider struct {
 	cfg       Config
-	base      string
-	http      *http.Client
+	api       *httpjson.Client
 	transport *http.Transport
 	log       *slog.Logger
 
@@ -84,10 +82,15 @@ func New(cfg Config, logger *slog.Logger) (*Provider, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	p := &Provider{
-		cfg: cfg, base: strings.TrimRight(cfg.URL, "/"), transport: tr,
-		// Create pulls the image on first use; give it time.
-		http: &http.Client{Transport: tr, Timeout: 10 * time.Minute},
-		log:  logger.With("provider", ProviderName),
+		cfg: cfg, transport: tr,
+		api: &httpjson.Client{
+			Base: strings.TrimRight(cfg.URL, "/"),
+			// Create pulls the image on first use; give it time.
+			HTTP:         &http.Client{Transport: tr, Timeout: 10 * time.Minute},
+			BearerToken:  cfg.APIKey,
+			ErrorMessage: errorEnvelope,
+		},
+		log: logger.With("provider", ProviderName),
 	}
 	if cfg.Prefix != "" {
 		p.prefix = &cfg.Prefix
@@ -320,84 +323,30 @@ func (p *Provider) boxes(ctx context.Context, method, rest string, q url.Values,
 	return p.do(ctx, method, path, q, in, out)
 }
 
-// apiError is a non-2xx answer, with BoxLite's error envelope
-// {"error":{"message","type","code"}} when there is one.
-type apiError struct {
-	Status  int
-	Type    string
-	Message string
-}
-
-func (e *apiError) Error() string {
-	if e.Type != "" {
-		return fmt.Sprintf("HTTP %d %s: %s", e.Status, e.Type, e.Message)
+// errorEnvelope reads BoxLite's {"error":{"message","type","code"}}.
+func errorEnvelope(body []byte) (typ, msg string) {
+	var env struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+		} `json:"error"`
 	}
-	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Message)
+	if json.Unmarshal(body, &env) != nil {
+		return "", ""
+	}
+	return env.Error.Type, env.Error.Message
 }
 
-func isStatus(err error, code int) bool {
-	var ae *apiError
-	return errors.As(err, &ae) && ae.Status == code
-}
+func isStatus(err error, code int) bool { return httpjson.IsStatus(err, code) }
 
 func (p *Provider) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
-	u := p.base + path
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Accept", "application/json")
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if p.cfg.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+p.cfg.APIKey)
-	}
-	resp, err := p.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode >= 300 {
-		ae := &apiError{Status: resp.StatusCode, Message: strings.TrimSpace(string(raw))}
-		var env struct {
-			Error struct {
-				Message string `json:"message"`
-				Type    string `json:"type"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(raw, &env) == nil && env.Error.Message != "" {
-			ae.Message, ae.Type = env.Error.Message, env.Error.Type
-		}
-		return ae
-	}
-	if out != nil && len(raw) > 0 {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return fmt.Errorf("decode %s %s: %w", method, path, err)
-		}
-	}
-	return nil
+	return p.api.Do(ctx, method, path, q, in, out)
 }
 
 // mapErr wraps an API error with the sandbox error it stands for, so
 // errors.Is works on both.
 func mapErr(op string, err error) error {
-	var ae *apiError
+	var ae *httpjson.Error
 	if !errors.As(err, &ae) {
 		return fmt.Errorf("boxlite: %s: %w", op, err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/taskrunner/taskrunner/services/sandbox"
 	"github.com/taskrunner/taskrunner/services/sandbox/boxlite"
+	"github.com/taskrunner/taskrunner/services/sandbox/sandboxtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -44,6 +45,8 @@ type serve struct {
 	failCreate *apiErr
 	// hideOnce makes the next GET of a box 404 (a concurrent create).
 	hideOnce bool
+	// throttle answers the next n requests with 429 and Retry-After: 1.
+	throttle int
 	nextID   int
 }
 
@@ -91,6 +94,12 @@ func (s *serve) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.calls = append(s.calls, call)
 	if r.Header.Get("Authorization") != "Bearer "+apiKey {
 		writeErr(w, apiErr{http.StatusUnauthorized, "UnauthorizedError", "invalid or missing API key"})
+		return
+	}
+	if s.throttle > 0 && r.Method == http.MethodPost {
+		s.throttle--
+		w.Header().Set("Retry-After", "1")
+		writeErr(w, apiErr{http.StatusTooManyRequests, "RateLimitError", "too many requests"})
 		return
 	}
 	if r.URL.Path == "/v1/me" && r.Method == http.MethodGet && s.me != nil {
@@ -287,18 +296,7 @@ func TestCreateSendsExactRequest(t *testing.T) {
 	require.Equal(t, "2026-11-20T10:00:00Z", sb.CreatedAt.Format("2006-01-02T15:04:05Z07:00"))
 }
 
-func TestCreateIsIdempotentPerTask(t *testing.T) {
-	t.Run("existing box", func(t *testing.T) {
-		s, srv := newServe(t, map[string]any{"path_prefix": nil}, "")
-		p := newProvider(t, srv)
-		first, err := p.Create(t.Context(), testSpec())
-		require.NoError(t, err)
-		second, err := p.Create(t.Context(), testSpec())
-		require.NoError(t, err)
-		require.Equal(t, first.ID, second.ID)
-		require.Len(t, s.creates, 1)
-		require.Len(t, s.boxes, 1)
-	})
+func TestCreateLosingARaceReturnsTheWinner(t *testing.T) {
 	t.Run("concurrent create wins", func(t *testing.T) {
 		s, srv := newServe(t, map[string]any{"path_prefix": nil}, "")
 		p := newProvider(t, srv)
@@ -353,25 +351,65 @@ func TestListPagesAndFilters(t *testing.T) {
 	}
 }
 
-func TestDestroy(t *testing.T) {
+func TestDestroyForcesARunningBox(t *testing.T) {
 	s, srv := newServe(t, map[string]any{"path_prefix": nil}, "")
 	p := newProvider(t, srv)
 	sb, err := p.Create(t.Context(), testSpec())
 	require.NoError(t, err)
-
-	for _, tt := range []struct{ name, id string }{
-		{"running box", sb.ID},
-		{"already gone", sb.ID},
-		{"never existed", "01JNOPE"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			require.NoError(t, p.Destroy(t.Context(), tt.id))
-			require.Equal(t, "DELETE /v1/boxes/"+tt.id+"?force=true", s.calls[len(s.calls)-1])
-		})
-	}
+	require.Equal(t, "running", s.boxes[0]["status"])
+	require.NoError(t, p.Destroy(t.Context(), sb.ID))
+	require.Equal(t, "DELETE /v1/boxes/"+sb.ID+"?force=true", s.calls[len(s.calls)-1])
 	require.Empty(t, s.boxes)
-	_, err = p.Get(t.Context(), sb.ID)
-	require.ErrorIs(t, err, sandbox.ErrNotFound)
+}
+
+func TestConformance(t *testing.T) {
+	sandboxtest.Run(t, func(t *testing.T) sandboxtest.Harness {
+		s, srv := newServe(t, map[string]any{"path_prefix": nil}, "")
+		byName := func(name string) int {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			n := 0
+			for _, b := range s.boxes {
+				if b["name"] == name {
+					n++
+				}
+			}
+			return n
+		}
+		return sandboxtest.Harness{
+			Provider:  newProvider(t, srv),
+			Instances: func(t *testing.T, taskID string) int { return byName(sandbox.Name(taskID)) },
+			// BoxLite has no wall-clock limit and no labels: the reaper
+			// enforces Spec.Deadline.
+			Deadline: nil,
+			Residue: func(t *testing.T, taskID, id string) []string {
+				if byName(sandbox.Name(taskID)) > 0 {
+					return []string{"box " + sandbox.Name(taskID)}
+				}
+				return nil
+			},
+			Foreign: func(t *testing.T) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.boxes = append(s.boxes, map[string]any{"box_id": "01JOTHER", "name": "dev-box", "status": "running",
+					"created_at": "2026-11-20T09:00:00Z", "updated_at": "2026-11-20T09:00:00Z", "image": "alpine", "cpus": 1, "memory_mib": 512})
+			},
+		}
+	})
+}
+
+// TestThrottledCreateIsRetried: boxlite serve behind a rate-limiting proxy
+// answers 429 with Retry-After; the create is sent again after it.
+func TestThrottledCreateIsRetried(t *testing.T) {
+	s, srv := newServe(t, map[string]any{"path_prefix": nil}, "")
+	s.throttle = 1
+	p := newProvider(t, srv)
+	sb, err := p.Create(t.Context(), testSpec())
+	require.NoError(t, err)
+	require.Equal(t, sandbox.StateRunning, sb.State)
+	require.Len(t, s.boxes, 1)
+	require.Equal(t, 2, slices.Index(s.calls, "POST /v1/boxes"), "GET /v1/me, GET the box, then the create")
+	require.Equal(t, "POST /v1/boxes", s.calls[3], "sent again after the 429")
 }
 
 func TestErrorMapping(t *testing.T) {

@@ -1,5 +1,7 @@
 // Package boxlite runs each task's sandbox as one BoxLite microVM ("box")
-// through the REST API of `boxlite serve` on the same host. Box routes
+// through the REST API of `boxlite serve` on the same host, called with
+// the providers' shared JSON client (sandbox/httpjson, which retries 429
+// and idempotent 5xx answers). Box routes
 // live under a path prefix that changed between BoxLite versions, so the
 // provider discovers it from GET /v1/me (path_prefix, else prefix, else
 // "default") instead of hard-coding one.
