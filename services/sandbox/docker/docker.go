@@ -13,6 +13,7 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
 	"github.com/taskrunner/taskrunner/services/sandbox"
@@ -44,7 +45,29 @@ type Config struct {
 	Network string `env:"TASKRUNNER_DOCKER_NETWORK"`
 	// PullMissing pulls the image when the engine reports it missing.
 	PullMissing bool `env:"TASKRUNNER_DOCKER_PULL_MISSING"`
+	// CPUs and MemoryMB limit a container whose Spec leaves them zero.
+	// Zero: DefaultCPUs, DefaultMemoryMB. Every container has limits.
+	CPUs     float64 `env:"TASKRUNNER_DOCKER_CPUS"`
+	MemoryMB int     `env:"TASKRUNNER_DOCKER_MEMORY_MB"`
+	// PidsLimit bounds the processes of a container (fork bombs).
+	// Zero: DefaultPidsLimit.
+	PidsLimit int64 `env:"TASKRUNNER_DOCKER_PIDS_LIMIT"`
+	// Workspace is the writable directory of the otherwise read-only
+	// container: a fresh anonymous volume per container, removed with it.
+	// Empty: DefaultWorkspace (the runner image's TASKRUNNER_WORKDIR).
+	Workspace string `env:"TASKRUNNER_DOCKER_WORKSPACE"`
+	// TmpSizeMB is the size of the tmpfs on /tmp. Zero: DefaultTmpSizeMB.
+	TmpSizeMB int `env:"TASKRUNNER_DOCKER_TMP_SIZE_MB"`
 }
+
+// Defaults of the hardening settings.
+const (
+	DefaultCPUs      = 2
+	DefaultMemoryMB  = 4096
+	DefaultPidsLimit = 1024
+	DefaultWorkspace = "/workspace"
+	DefaultTmpSizeMB = 1024
+)
 
 // Validate reports the first setting that cannot work.
 func (c Config) Validate() error {
@@ -62,6 +85,12 @@ func (c Config) Validate() error {
 	}
 	if strings.ContainsAny(c.Runtime, " \t/") {
 		return fmt.Errorf("docker provider: Runtime %q is not a runtime name", c.Runtime)
+	}
+	if c.CPUs < 0 || c.MemoryMB < 0 || c.PidsLimit < 0 || c.TmpSizeMB < 0 {
+		return errors.New("docker provider: CPUs, MemoryMB, PidsLimit and TmpSizeMB must not be negative")
+	}
+	if c.Workspace != "" && (!strings.HasPrefix(c.Workspace, "/") || c.Workspace == "/") {
+		return fmt.Errorf("docker provider: Workspace %q must be an absolute directory other than /", c.Workspace)
 	}
 	return nil
 }
@@ -91,6 +120,21 @@ func New(cfg Config, logger *slog.Logger) (*Provider, error) {
 	cli, err := client.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("docker provider: engine client: %w", err)
+	}
+	if cfg.CPUs == 0 {
+		cfg.CPUs = DefaultCPUs
+	}
+	if cfg.MemoryMB == 0 {
+		cfg.MemoryMB = DefaultMemoryMB
+	}
+	if cfg.PidsLimit == 0 {
+		cfg.PidsLimit = DefaultPidsLimit
+	}
+	if cfg.Workspace == "" {
+		cfg.Workspace = DefaultWorkspace
+	}
+	if cfg.TmpSizeMB == 0 {
+		cfg.TmpSizeMB = DefaultTmpSizeMB
 	}
 	return &Provider{cfg: cfg, cli: cli, log: logger.With("provider", ProviderName)}, nil
 }
@@ -174,14 +218,37 @@ func (p *Provider) createOptions(name string, spec sandbox.Spec) client.Containe
 		// and Cmd empty the engine drops the image's CMD as well.
 		cfg.Entrypoint = slices.Clone(spec.Command)
 	}
+	cpus, mem := spec.CPUs, spec.MemoryMB
+	if cpus <= 0 {
+		cpus = p.cfg.CPUs
+	}
+	if mem <= 0 {
+		mem = p.cfg.MemoryMB
+	}
+	pids := p.cfg.PidsLimit
 	host := &container.HostConfig{
 		Runtime:       p.cfg.Runtime,
 		AutoRemove:    false, // keep the exit code for Get; Destroy removes
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 		Resources: container.Resources{
-			NanoCPUs: int64(math.Round(spec.CPUs * 1e9)),
-			Memory:   int64(spec.MemoryMB) << 20,
+			NanoCPUs:   int64(math.Round(cpus * 1e9)),
+			Memory:     int64(mem) << 20,
+			MemorySwap: int64(mem) << 20, // no swap beyond the limit
+			PidsLimit:  &pids,
 		},
+		// The runner needs no privilege: it runs as the image's user and
+		// only writes its workspace and /tmp.
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges:true"},
+		ReadonlyRootfs: true,
+		Init:           ptr(true), // reaps the agent's orphans
+		Mounts: []mount.Mount{{
+			// Anonymous: created for this container, deleted by Destroy
+			// (RemoveVolumes), filled from the image's directory (owner
+			// included) on first use.
+			Type: mount.TypeVolume, Target: p.cfg.Workspace,
+		}},
+		Tmpfs: map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%dm", p.cfg.TmpSizeMB)},
 	}
 	if p.cfg.Network != "" {
 		host.NetworkMode = container.NetworkMode(p.cfg.Network)
@@ -295,3 +362,5 @@ func mapErr(op string, err error) error {
 	}
 	return fmt.Errorf("docker: %s: %w: %w", op, kind, err)
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -12,11 +12,13 @@ import (
 	"time"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/taskrunner/taskrunner/services/sandbox"
 	"github.com/taskrunner/taskrunner/services/sandbox/docker"
+	"github.com/taskrunner/taskrunner/services/sandbox/sandboxtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -41,6 +43,9 @@ type engine struct {
 	// failCreate, when set, answers every create with this status + message.
 	failCreate *apiError
 	nextID     int
+	// volumes are the anonymous volumes the engine made for containers'
+	// volume mounts without a source, by container id.
+	volumes map[string][]string
 }
 
 type createCall struct {
@@ -55,7 +60,7 @@ type apiError struct {
 
 func newEngine(t *testing.T, opts ...func(*docker.Config)) (*engine, *docker.Provider) {
 	t.Helper()
-	e := &engine{t: t, containers: map[string]*container.InspectResponse{}, images: map[string]bool{"runner:1": true}}
+	e := &engine{t: t, containers: map[string]*container.InspectResponse{}, images: map[string]bool{"runner:1": true}, volumes: map[string][]string{}}
 	srv := httptest.NewServer(e.handler())
 	t.Cleanup(srv.Close)
 	cfg := docker.Config{
@@ -148,6 +153,11 @@ func (e *engine) create(w http.ResponseWriter, r *http.Request) {
 	}
 	e.nextID++
 	id := fmt.Sprintf("%064d", e.nextID)
+	for i, m := range body.HostConfig.Mounts {
+		if m.Type == mount.TypeVolume && m.Source == "" {
+			e.volumes[id] = append(e.volumes[id], fmt.Sprintf("%s-%d", id[:12], i))
+		}
+	}
 	e.containers[name] = &container.InspectResponse{
 		ID:         id,
 		Name:       "/" + name,
@@ -220,6 +230,9 @@ func (e *engine) remove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	delete(e.containers, name)
+	if r.URL.Query().Get("v") == "1" {
+		delete(e.volumes, c.ID) // anonymous volumes go with the container
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -290,6 +303,7 @@ func TestCreateSendsExactRequestAndStarts(t *testing.T) {
 	require.Equal(t, container.RestartPolicyDisabled, body.HostConfig.RestartPolicy.Name)
 	require.Equal(t, int64(1_500_000_000), body.HostConfig.NanoCPUs)
 	require.Equal(t, int64(2048*1024*1024), body.HostConfig.Memory)
+	requireHardened(t, body.HostConfig, 2048)
 
 	require.Len(t, e.starts, 1)
 	require.Equal(t, fmt.Sprintf("%064d", 1), sb.ID)
@@ -300,19 +314,100 @@ func TestCreateSendsExactRequestAndStarts(t *testing.T) {
 	require.Equal(t, time.Date(2026, 11, 20, 10, 0, 0, 123456789, time.UTC), sb.CreatedAt)
 }
 
-func TestCreateIsIdempotentPerTask(t *testing.T) {
-	e, p := newEngine(t)
-	first, err := p.Create(t.Context(), testSpec())
-	require.NoError(t, err)
+// requireHardened checks what every runner container gets: no
+// capabilities, no privilege gain, a read-only root with a writable
+// workspace volume and /tmp, and memory, swap, CPU and process limits.
+func requireHardened(t *testing.T, hc *container.HostConfig, memMB int64) {
+	t.Helper()
+	require.Equal(t, []string{"ALL"}, []string(hc.CapDrop))
+	require.Empty(t, hc.CapAdd)
+	require.Equal(t, []string{"no-new-privileges:true"}, hc.SecurityOpt)
+	require.True(t, hc.ReadonlyRootfs)
+	require.False(t, hc.Privileged)
+	require.Equal(t, []mount.Mount{{Type: mount.TypeVolume, Target: "/workspace"}}, hc.Mounts)
+	require.Empty(t, hc.Binds, "no host path reaches the container")
+	require.Equal(t, map[string]string{"/tmp": "rw,nosuid,nodev,size=1024m"}, hc.Tmpfs)
+	require.Equal(t, memMB<<20, hc.Memory)
+	require.Equal(t, memMB<<20, hc.MemorySwap)
+	require.Positive(t, hc.NanoCPUs)
+	require.NotNil(t, hc.PidsLimit)
+	require.Equal(t, int64(docker.DefaultPidsLimit), *hc.PidsLimit)
+	require.NotNil(t, hc.Init)
+	require.True(t, *hc.Init)
+}
 
-	second, err := p.Create(t.Context(), testSpec())
-	require.NoError(t, err)
-	require.Equal(t, first.ID, second.ID)
-	// The engine refused the second create with 409 (name in use): one
-	// container, started once.
-	require.Len(t, e.containers, 1)
-	require.Len(t, e.starts, 1)
-	require.Equal(t, sandbox.StateRunning, second.State)
+func TestCreateHardensEveryContainer(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     func(*docker.Config)
+		spec    func(*sandbox.Spec)
+		runtime string
+		memMB   int64
+		cpus    int64
+	}{
+		{"gVisor, spec limits", func(c *docker.Config) { c.Runtime = "runsc" }, func(*sandbox.Spec) {}, "runsc", 2048, 1_500_000_000},
+		{"Kata", func(c *docker.Config) { c.Runtime = "io.containerd.kata.v2" }, func(*sandbox.Spec) {}, "io.containerd.kata.v2", 2048, 1_500_000_000},
+		{"default runtime, no spec limits", func(c *docker.Config) { c.Runtime = "" },
+			func(s *sandbox.Spec) { s.CPUs, s.MemoryMB = 0, 0 }, "", docker.DefaultMemoryMB, docker.DefaultCPUs * 1e9},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, p := newEngine(t, tt.cfg)
+			spec := testSpec()
+			tt.spec(&spec)
+			_, err := p.Create(t.Context(), spec)
+			require.NoError(t, err)
+			hc := e.creates[0].Body.HostConfig
+			require.Equal(t, tt.runtime, hc.Runtime)
+			require.Equal(t, tt.cpus, hc.NanoCPUs)
+			requireHardened(t, hc, tt.memMB)
+		})
+	}
+}
+
+func TestConformance(t *testing.T) {
+	sandboxtest.Run(t, func(t *testing.T) sandboxtest.Harness {
+		e, p := newEngine(t)
+		lock := func() func() { e.mu.Lock(); return e.mu.Unlock }
+		return sandboxtest.Harness{
+			Provider: p,
+			Instances: func(t *testing.T, taskID string) int {
+				defer lock()()
+				n := 0
+				for _, c := range e.containers {
+					if c.Config.Labels[sandbox.LabelTaskID] == taskID {
+						n++
+					}
+				}
+				return n
+			},
+			Deadline: func(t *testing.T, id string) time.Time {
+				// Docker has no wall-clock limit: the label is what the
+				// reaper enforces.
+				defer lock()()
+				_, c := e.find(id)
+				require.NotNil(t, c)
+				d, err := time.Parse(time.RFC3339, c.Config.Labels[docker.LabelDeadline])
+				require.NoError(t, err)
+				return d
+			},
+			Residue: func(t *testing.T, taskID, id string) []string {
+				defer lock()()
+				var left []string
+				if _, c := e.find(id); c != nil {
+					left = append(left, "container "+id)
+				}
+				left = append(left, e.volumes[id]...)
+				return left
+			},
+			Foreign: func(t *testing.T) {
+				defer lock()()
+				e.containers["postgres"] = &container.InspectResponse{ID: "pg", Name: "/postgres", Created: "2026-11-20T09:00:00Z",
+					State:  &container.State{Status: container.StateRunning},
+					Config: &container.Config{Image: "postgres", Labels: map[string]string{sandbox.LabelOwner: "alice"}}}
+			},
+		}
+	})
 }
 
 func TestCreateStartsAContainerLeftCreated(t *testing.T) {
@@ -460,26 +555,16 @@ func TestListFiltersByLabel(t *testing.T) {
 	}
 }
 
-func TestDestroy(t *testing.T) {
+func TestDestroyForcesAndRemovesVolumes(t *testing.T) {
 	e, p := newEngine(t)
 	sb, err := p.Create(t.Context(), testSpec())
 	require.NoError(t, err)
-
-	for _, tt := range []struct{ name, id string }{
-		{"running container", sb.ID},
-		{"already gone", sb.ID},
-		{"never existed", "does-not-exist"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			require.NoError(t, p.Destroy(t.Context(), tt.id))
-			q := e.removes[len(e.removes)-1]
-			require.Equal(t, "1", q.Get("force"))
-			require.Equal(t, "1", q.Get("v"))
-		})
-	}
-	require.Empty(t, e.containers)
-	_, err = p.Get(t.Context(), sb.ID)
-	require.ErrorIs(t, err, sandbox.ErrNotFound)
+	require.Len(t, e.volumes[sb.ID], 1, "the workspace volume")
+	require.NoError(t, p.Destroy(t.Context(), sb.ID))
+	q := e.removes[len(e.removes)-1]
+	require.Equal(t, "1", q.Get("force"), "a running container is killed, not refused")
+	require.Equal(t, "1", q.Get("v"), "its workspace volume goes with it")
+	require.Empty(t, e.volumes)
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -493,6 +578,8 @@ func TestConfigValidate(t *testing.T) {
 		{"missing image", docker.Config{}, "docker provider: Image (the runner image) is required"},
 		{"bad host", docker.Config{Image: "runner:1", Host: "ftp://x"}, `docker provider: Host "ftp://x" is not a valid engine address`},
 		{"bad runtime", docker.Config{Image: "runner:1", Runtime: "/usr/bin/runsc"}, `docker provider: Runtime "/usr/bin/runsc" is not a runtime name`},
+		{"negative limit", docker.Config{Image: "runner:1", PidsLimit: -1}, "docker provider: CPUs, MemoryMB, PidsLimit and TmpSizeMB must not be negative"},
+		{"relative workspace", docker.Config{Image: "runner:1", Workspace: "workspace"}, `docker provider: Workspace "workspace" must be an absolute directory other than /`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
