@@ -16,6 +16,7 @@ import (
 
 	"github.com/taskrunner/taskrunner/services/sandbox"
 	"github.com/taskrunner/taskrunner/services/sandbox/fly"
+	"github.com/taskrunner/taskrunner/services/sandbox/sandboxtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -332,24 +333,53 @@ func TestGet(t *testing.T) {
 	require.ErrorIs(t, err, sandbox.ErrNotFound)
 }
 
-func TestDestroy(t *testing.T) {
+func TestDestroyKillsARunningMachine(t *testing.T) {
 	f, srv := newFake(t)
 	p := newProvider(t, f, srv)
 	sb, err := p.Create(t.Context(), testSpec())
 	require.NoError(t, err)
 	f.byID[sb.ID]["state"] = "started"
-
-	for _, tt := range []struct{ name, id string }{
-		{"running machine is killed", sb.ID},
-		{"already destroyed", sb.ID},
-		{"never existed", "148ed999999999"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			require.NoError(t, p.Destroy(t.Context(), tt.id))
-			require.Equal(t, "true", f.deletes[len(f.deletes)-1].Get("kill"))
-		})
-	}
+	require.NoError(t, p.Destroy(t.Context(), sb.ID))
+	require.Equal(t, "true", f.deletes[len(f.deletes)-1].Get("kill"))
 	require.Equal(t, "destroyed", f.byID[sb.ID]["state"])
+}
+
+func TestConformance(t *testing.T) {
+	sandboxtest.Run(t, func(t *testing.T) sandboxtest.Harness {
+		f, srv := newFake(t)
+		lock := func() func() { f.mu.Lock(); return f.mu.Unlock }
+		meta := func(m map[string]any) map[string]any {
+			md, _ := m["config"].(map[string]any)["metadata"].(map[string]any)
+			return md
+		}
+		live := func(taskID string) []string {
+			var ids []string
+			for id, m := range f.byID {
+				if m["state"] != "destroyed" && meta(m)[fly.MetadataKey(sandbox.LabelTaskID)] == taskID {
+					ids = append(ids, id)
+				}
+			}
+			return ids
+		}
+		return sandboxtest.Harness{
+			Provider:  newProvider(t, f, srv),
+			Instances: func(t *testing.T, taskID string) int { defer lock()(); return len(live(taskID)) },
+			Deadline: func(t *testing.T, id string) time.Time {
+				// Fly has no wall-clock limit: the metadata entry is what the
+				// reaper enforces.
+				defer lock()()
+				d, err := time.Parse(time.RFC3339, fmt.Sprint(meta(f.byID[id])[fly.MetadataKey(fly.LabelDeadline)]))
+				require.NoError(t, err)
+				return d
+			},
+			Residue: func(t *testing.T, taskID, id string) []string { defer lock()(); return live(taskID) },
+			Foreign: func(t *testing.T) {
+				defer lock()()
+				f.byID["3d8d9e1b"] = map[string]any{"id": "3d8d9e1b", "name": "web", "state": "started",
+					"created_at": "2026-11-20T09:00:00Z", "config": map[string]any{"image": "web", "metadata": map[string]any{"fly_process_group": "app"}}}
+			},
+		}
+	})
 }
 
 func TestErrorMapping(t *testing.T) {
