@@ -12,6 +12,8 @@ import (
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/stretchr/testify/require"
+
+	"github.com/taskrunner/taskrunner/services/sandbox/docker"
 )
 
 var composeFile = filepath.Join(deployDir, "compose", "compose.yaml")
@@ -201,11 +203,11 @@ func TestComposeDockerProvider(t *testing.T) {
 	all := p.AllServices()
 	d := all["dispatch"]
 	require.Equal(t, "docker", *d.Environment["TASKRUNNER_SANDBOX_PROVIDER"])
-	var sock bool
 	for _, v := range d.Volumes {
-		sock = sock || v.Target == "/var/run/docker.sock"
+		require.NotEqual(t, "/var/run/docker.sock", v.Target, "dispatch reaches Docker through the socket proxy only")
+		require.NotContains(t, v.Source, "docker.sock")
 	}
-	require.True(t, sock, "dispatch needs the Docker socket")
+	require.Equal(t, "tcp://docker-socket-proxy:2375", *d.Environment["TASKRUNNER_DOCKER_HOST"])
 	// Sandboxes join the runners network, which Events and GitHubToken are on and
 	// PostgreSQL/Redis are not.
 	netName := *d.Environment["TASKRUNNER_DOCKER_NETWORK"]
@@ -238,4 +240,95 @@ func keys[M ~map[string]V, V any](m M) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// socketProxyRules reads the per-method allowlist (Go regexps) of the
+// docker-socket-proxy service from its command line.
+func socketProxyRules(t *testing.T, s types.ServiceConfig) map[string][]*regexp.Regexp {
+	t.Helper()
+	rules := map[string][]*regexp.Regexp{}
+	for _, arg := range s.Command {
+		flag, val, ok := strings.Cut(strings.TrimPrefix(arg, "-"), "=")
+		method, isAllow := strings.CutPrefix(flag, "allow")
+		if !ok || !isAllow || method == "from" || method == "bindmountfrom" {
+			continue
+		}
+		require.Equal(t, strings.ToUpper(method), method, "unknown flag %s", arg)
+		// The proxy matches the whole path; anchor as it does.
+		rules[method] = append(rules[method], regexp.MustCompile("^(?:"+val+")$"))
+	}
+	return rules
+}
+
+func allowed(rules map[string][]*regexp.Regexp, method, path string) bool {
+	for _, re := range rules[method] {
+		if re.MatchString(path) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestComposeDockerSocketProxy(t *testing.T) {
+	p := loadCompose(t, true)
+	all := p.AllServices()
+	proxy, ok := all["docker-socket-proxy"]
+	require.True(t, ok, "a docker-socket-proxy service")
+
+	// Only the proxy holds the socket, read-only, and only dispatch reaches it.
+	var sock bool
+	for _, v := range proxy.Volumes {
+		if v.Target == "/var/run/docker.sock" {
+			sock = true
+			require.True(t, v.ReadOnly)
+		}
+	}
+	require.True(t, sock, "the proxy mounts the Docker socket")
+	for name, s := range all {
+		if name == "docker-socket-proxy" {
+			continue
+		}
+		for _, v := range s.Volumes {
+			require.NotContains(t, v.Source, "docker.sock", "%s must not mount the Docker socket", name)
+		}
+	}
+	require.Len(t, proxy.Networks, 1)
+	var apiNet string
+	for k := range proxy.Networks {
+		apiNet = k
+	}
+	require.True(t, p.Networks[apiNet].Internal, "the Docker API network has no route out")
+	for name, s := range all {
+		if _, on := s.Networks[apiNet]; on {
+			require.Contains(t, []string{"dispatch", "docker-socket-proxy"}, name, "%s must not reach the Docker API", name)
+		}
+	}
+	require.Contains(t, proxy.Command, "-allowfrom=dispatch")
+	require.True(t, proxy.ReadOnly)
+	require.Equal(t, types.StringList{"ALL"}, types.StringList(proxy.CapDrop))
+	require.Regexp(t, `^wollomatic/socket-proxy:\d+\.\d+\.\d+$`, proxy.Image, "pinned")
+
+	rules := socketProxyRules(t, proxy)
+	require.ElementsMatch(t, []string{"HEAD", "GET", "POST", "DELETE"}, keys(rules), "no PUT, PATCH or other method")
+	ids := []string{"taskrunner-0b7c6f3e-1d2a-4c5b-9e8f-123456789abc", strings.Repeat("ab12", 16)}
+	for _, ep := range docker.Endpoints {
+		for _, v := range []string{"v1.40", "v1.47", "v1.57"} {
+			for _, id := range ids {
+				path := ep.Sample(v, id)
+				require.True(t, allowed(rules, ep.Method, path), "the docker provider calls %s %s", ep.Method, path)
+			}
+		}
+	}
+	for _, call := range []string{
+		"POST /v1.47/containers/x/exec", "POST /v1.47/exec/x/start", "GET /v1.47/containers/x/archive",
+		"PUT /v1.47/containers/x/archive", "POST /v1.47/containers/x/update", "POST /v1.47/containers/x/attach",
+		"GET /v1.47/containers/x/export", "POST /v1.47/build", "POST /v1.47/volumes/create", "GET /v1.47/volumes",
+		"POST /v1.47/networks/create", "POST /v1.47/networks/x/connect", "GET /v1.47/secrets", "POST /v1.47/swarm/init",
+		"GET /v1.47/info", "POST /v1.47/images/load", "DELETE /v1.47/images/x", "POST /v1.47/plugins/pull",
+		"POST /v1.47/containers/create/../../build", "GET /v1.47/containers/x/json/../../../secrets",
+		"DELETE /v1.47/containers/x/../../volumes/y", "POST /v1.47/auth", "POST /v1.47/session",
+	} {
+		method, path, _ := strings.Cut(call, " ")
+		require.False(t, allowed(rules, method, path), "%s must be refused", call)
+	}
 }

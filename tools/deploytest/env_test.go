@@ -131,7 +131,7 @@ var standardNames = []string{
 // binaries. Each must be listed in .env.example.
 var deployOnlyVars = map[string]string{
 	"POSTGRES_PASSWORD": "the postgres image, and interpolated into TASKRUNNER_DATABASE_URL",
-	"DOCKER_GID":        "Compose group_add of dispatch (the host's docker socket group)",
+	"DOCKER_GID":        "Compose group of the docker-socket-proxy (the host's docker socket group)",
 }
 
 type known struct {

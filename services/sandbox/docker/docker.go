@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -26,6 +27,30 @@ const ProviderName = "docker"
 // Docker has no wall-clock limit for a container, so the reaper enforces
 // it; the label lets it do so from the engine's listing alone.
 const LabelDeadline = "taskrunner.deadline"
+
+// Endpoint is an Engine API call the provider makes. Path is the route
+// with {version} (the negotiated /v1.NN prefix) and {id} (a container id
+// or name) as placeholders. A socket proxy in front of the engine must
+// allow exactly these (deploy/compose does, and tools/deploytest checks
+// it); the provider's tests fail when it makes a call not listed here.
+type Endpoint struct{ Method, Path string }
+
+// Endpoints are all the calls the provider makes.
+var Endpoints = []Endpoint{
+	{http.MethodHead, "/_ping"}, // API version negotiation
+	{http.MethodGet, "/_ping"},  // its fallback
+	{http.MethodPost, "/{version}/containers/create"},
+	{http.MethodPost, "/{version}/containers/{id}/start"},
+	{http.MethodGet, "/{version}/containers/{id}/json"},
+	{http.MethodGet, "/{version}/containers/json"},
+	{http.MethodDelete, "/{version}/containers/{id}"},
+	{http.MethodPost, "/{version}/images/create"}, // PullMissing
+}
+
+// Sample returns a concrete path for the endpoint.
+func (e Endpoint) Sample(version, id string) string {
+	return strings.NewReplacer("{version}", version, "{id}", id).Replace(e.Path)
+}
 
 // Config configures the provider.
 type Config struct {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -61,8 +62,27 @@ type apiError struct {
 func newEngine(t *testing.T, opts ...func(*docker.Config)) (*engine, *docker.Provider) {
 	t.Helper()
 	e := &engine{t: t, containers: map[string]*container.InspectResponse{}, images: map[string]bool{"runner:1": true}, volumes: map[string][]string{}}
-	srv := httptest.NewServer(e.handler())
+	var (
+		mu    sync.Mutex
+		calls []string
+	)
+	h := e.handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls = append(calls, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
+	// Every call is one docker.Endpoints lists, so a socket proxy that
+	// allows those lets the provider work.
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range calls {
+			require.True(t, listedEndpoint(c), "%s is not in docker.Endpoints", c)
+		}
+	})
 	cfg := docker.Config{
 		Host:        "tcp://" + strings.TrimPrefix(srv.URL, "http://"),
 		Image:       "runner:1",
@@ -608,4 +628,24 @@ func TestCreateRefusesAnotherTasksContainer(t *testing.T) {
 	require.ErrorIs(t, err, sandbox.ErrInvalidSpec)
 	require.ErrorContains(t, err, `belongs to task "Task_A"`)
 	require.Len(t, e.starts, 1)
+}
+
+func listedEndpoint(call string) bool {
+	method, path, _ := strings.Cut(call, " ")
+	for _, ep := range docker.Endpoints {
+		pat := "^" + regexp.QuoteMeta(ep.Path) + "$"
+		pat = strings.NewReplacer(regexp.QuoteMeta("{version}"), `v1\.[0-9]+`, regexp.QuoteMeta("{id}"), `[^/]+`).Replace(pat)
+		if ep.Method == method && regexp.MustCompile(pat).MatchString(path) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestListedEndpointIsStrict(t *testing.T) {
+	require.True(t, listedEndpoint("DELETE /v1.47/containers/abc"))
+	require.True(t, listedEndpoint("HEAD /_ping"))
+	require.False(t, listedEndpoint("POST /v1.47/containers/abc/exec"))
+	require.False(t, listedEndpoint("GET /v1.47/containers/abc/archive"))
+	require.False(t, listedEndpoint("DELETE /v1.47/images/runner:1"))
 }
