@@ -113,7 +113,7 @@ func run() error {
 		return err
 	}
 	defer env.Close()
-	fmt.Printf("bench-sse: GOMAXPROCS=%d NumCPU=%d %s; open-file limit raised to %d (setrlimit) in both processes; database %s (dropped at exit), Redis prefix %q\n",
+	fmt.Printf("bench-sse: GOMAXPROCS=%d NumCPU=%d %s; open-file limit %d (each process raises its own with setrlimit when lower than it needs); database %s (dropped at exit), Redis prefix %q\n",
 		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), nofile, env.DBName(), env.Prefix)
 	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n\n", loadavg())
 
