@@ -492,12 +492,16 @@ func (f *Forge) listPulls(w http.ResponseWriter, r *http.Request) {
 func (f *Forge) pullFromPath(w http.ResponseWriter, r *http.Request, rp *repo) (*PullRequest, PullRequest, bool) {
 	n, err := strconv.Atoi(r.PathValue("number"))
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if err != nil || n < 1 || n > len(rp.pulls) {
+		f.mu.Unlock()
+		// Not under f.mu: writing the status records it under f.mu.
 		writeError(w, http.StatusNotFound, "Not Found")
 		return nil, PullRequest{}, false
 	}
-	return rp.pulls[n-1], *rp.pulls[n-1], true
+	ptr := rp.pulls[n-1]
+	cur := *ptr
+	f.mu.Unlock()
+	return ptr, cur, true
 }
 
 func (f *Forge) getPull(w http.ResponseWriter, r *http.Request) {

@@ -230,17 +230,16 @@ func (f *Forge) createReview(w http.ResponseWriter, r *http.Request) {
 }
 
 // addReview stores a review and its comments (replyTo applies to the one comment of a reply)
-// and returns copies; ok is false (and the answer written) when the pull request is gone.
+// and returns copies; ok is false (and the answer written) when there is no such pull request.
 func (f *Forge) addReview(w http.ResponseWriter, r *http.Request, rp *repo, user, state, body, commit string, refs []lineRef, replyTo int64) (Review, []ReviewComment, PullRequest, bool) {
+	ptr, _, ok := f.pullFromPath(w, r, rp)
+	if !ok {
+		return Review{}, nil, PullRequest{}, false
+	}
 	now := f.now().UTC().Truncate(time.Second)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, _ := strconv.Atoi(r.PathValue("number"))
-	if n < 1 || n > len(rp.pulls) {
-		writeError(w, http.StatusNotFound, "Not Found")
-		return Review{}, nil, PullRequest{}, false
-	}
-	ptr := rp.pulls[n-1]
+	n := ptr.Number
 	assoc := f.associationLocked(rp, user)
 	rv := &Review{ID: f.newID(), Number: n, User: user, Body: body, State: state, CommitID: commit, AuthorAssociation: assoc, SubmittedAt: now}
 	rp.reviews = append(rp.reviews, rv)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/go-github/v62/github"
@@ -31,10 +32,14 @@ func (f *Forge) sendPullRequestEvent(base, action string, rp *repo, pr PullReque
 	})
 }
 
-// sendReviewEvent queues a pull_request_review webhook ("submitted").
+// sendReviewEvent queues a pull_request_review webhook ("submitted"). GitHub writes the review
+// state in lower case in this payload ("changes_requested") and in upper case in REST answers
+// ("CHANGES_REQUESTED"); the forge does the same, so receivers are tested against both.
 func (f *Forge) sendReviewEvent(base string, rp *repo, pr PullRequest, rv Review) {
+	review := f.renderReview(base, rp, rv)
+	review.State = github.String(strings.ToLower(rv.State))
 	f.enqueue("pull_request_review", "submitted", &github.PullRequestReviewEvent{
-		Action: github.String("submitted"), Review: f.renderReview(base, rp, rv), PullRequest: f.renderPull(base, rp, pr),
+		Action: github.String("submitted"), Review: review, PullRequest: f.renderPull(base, rp, pr),
 		Repo: f.renderRepo(base, rp), Installation: webhookInstallation(rp), Sender: f.renderUser(base, rv.User),
 	})
 }
