@@ -54,7 +54,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	addr := fs.String("addr", "127.0.0.1:3080", "listen address")
 	dataDir := fs.String("data-dir", ".forge", "directory for bare repositories (and the app key by default)")
 	fs.Var(&seedFlags, "seed", "owner/name=DIR: create repository owner/name from DIR unless it exists (repeatable)")
-	webhookURL := fs.String("webhook-url", "", "URL that receives pull_request webhooks")
+	var collaboratorFlags seeds
+	fs.Var(&collaboratorFlags, "collaborator", "owner/name:user=role: give user a role (admin, maintain, write, triage, read) on a repository, after seeding (repeatable)")
+	webhookURL := fs.String("webhook-url", "", "URL that receives the webhooks (pull_request, pull_request_review, pull_request_review_comment, issue_comment)")
 	webhookSecret := fs.String("webhook-secret", "", "secret for X-Hub-Signature-256")
 	appID := fs.Int64("app-id", 1, "GitHub App id (JWT iss)")
 	clientID := fs.String("client-id", "Iv1.forge", "GitHub App client id (also accepted as JWT iss)")
@@ -107,6 +109,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			log.Info("repository exists, not seeding", "repo", full)
 		case err != nil:
 			return err
+		}
+	}
+	for _, c := range collaboratorFlags {
+		full, grant, ok := strings.Cut(c, ":")
+		user, role, ok2 := strings.Cut(grant, "=")
+		if !ok || !ok2 {
+			return fmt.Errorf("--collaborator %q: want owner/name:user=role", c)
+		}
+		if err := f.SetCollaborator(full, user, role); err != nil {
+			return fmt.Errorf("--collaborator %q: %w", c, err)
 		}
 	}
 

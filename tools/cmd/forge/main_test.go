@@ -21,6 +21,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+func TestRunRefusesBadCollaborator(t *testing.T) {
+	seed := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(seed, "README.md"), []byte("hi\n"), 0o644))
+	for _, c := range []string{"acme/demo", "acme/demo:alice=owner", "acme/nothing:alice=read"} {
+		err := run(context.Background(), []string{"--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--seed", "acme/demo=" + seed,
+			"--collaborator", c}, io.Discard, io.Discard)
+		require.ErrorContains(t, err, "--collaborator", c)
+	}
+}
+
 func TestRunServesSeededRepoAndStops(t *testing.T) {
 	data := t.TempDir()
 	seed := t.TempDir()
@@ -31,7 +41,7 @@ func TestRunServesSeededRepoAndStops(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--addr", "127.0.0.1:0", "--data-dir", data, "--seed", "acme/demo=" + seed,
-			"--personal-token", "pat", "--app-id", "7"}, pw, io.Discard)
+			"--personal-token", "pat", "--app-id", "7", "--collaborator", "acme/demo:alice=write"}, pw, io.Discard)
 		pw.Close()
 	}()
 
@@ -66,6 +76,18 @@ func TestRunServesSeededRepoAndStops(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "acme/demo", repo.FullName)
 	require.Equal(t, "main", repo.DefaultBranch)
+
+	req, err = http.NewRequest(http.MethodGet, url+"/repos/acme/demo/collaborators/alice/permission", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "token pat")
+	resp, err = client.Do(req)
+	require.NoError(t, err)
+	var perm struct {
+		Permission string `json:"permission"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&perm))
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, "write", perm.Permission, "--collaborator was applied")
 
 	cancel()
 	select {
