@@ -3,6 +3,9 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha1"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,11 +172,54 @@ func payload(action string, merged bool, repo, ref string, number int64) []byte 
 }
 
 type delivery struct {
-	method, event, id, signature string
-	body                         []byte
+	method, event, id, signature, contentType string
+	body                                      []byte
+}
+
+func sha1Signature(key string, body []byte) string {
+	mac := hmac.New(sha1.New, []byte(key))
+	mac.Write(body)
+	return "sha1=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// formEncoded is a delivery of a hook configured with content type
+// application/x-www-form-urlencoded: the JSON is the "payload" field, the signature covers the
+// form body.
+func formEncoded(event, id string, payload []byte) delivery {
+	body := []byte(url.Values{"payload": {string(payload)}}.Encode())
+	return delivery{event: event, id: id, body: body, signature: forge.Signature(secret, body), contentType: "application/x-www-form-urlencoded"}
+}
+
+// apiError is the API's error shape, {code, message, details}.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Details []struct {
+		Type     string            `json:"@type"`
+		Reason   string            `json:"reason"`
+		Domain   string            `json:"domain"`
+		Metadata map[string]string `json:"metadata"`
+	} `json:"details"`
+}
+
+// reason is the ErrorInfo reason of an error answer, "" for any other answer.
+func (a apiError) reason() string {
+	for _, d := range a.Details {
+		if d.Type == "type.googleapis.com/google.rpc.ErrorInfo" {
+			return d.Reason
+		}
+	}
+	return ""
 }
 
 func (e *env) send(d delivery) (int, reply) {
+	e.t.Helper()
+	code, r, _ := e.sendFull(d)
+	return code, r
+}
+
+// sendFull returns the status, the 2xx reply and the error answer (one of them is zero).
+func (e *env) sendFull(d delivery) (int, reply, apiError) {
 	e.t.Helper()
 	if d.method == "" {
 		d.method = http.MethodPost
@@ -188,15 +235,27 @@ func (e *env) send(d delivery) (int, reply) {
 	if d.signature != "" {
 		req.Header.Set("X-Hub-Signature-256", d.signature)
 	}
+	if d.contentType != "" {
+		req.Header.Set("Content-Type", d.contentType)
+	}
 	resp, err := e.srv.Client().Do(req)
 	require.NoError(e.t, err)
 	defer resp.Body.Close()
 	var r reply
+	var ae apiError
 	data, _ := io.ReadAll(resp.Body)
 	if len(data) > 0 {
-		require.NoError(e.t, json.Unmarshal(data, &r), "body %q", data)
+		require.Equal(e.t, "application/json", resp.Header.Get("Content-Type"))
+		if resp.StatusCode >= 400 {
+			require.NoError(e.t, json.Unmarshal(data, &ae), "body %q", data)
+			require.NotZero(e.t, ae.Code, "body %q", data)
+			require.NotEmpty(e.t, ae.Message)
+			require.NotContains(e.t, string(data), `"result"`)
+		} else {
+			require.NoError(e.t, json.Unmarshal(data, &r), "body %q", data)
+		}
 	}
-	return resp.StatusCode, r
+	return resp.StatusCode, r, ae
 }
 
 func signed(event, id string, body []byte) delivery {
@@ -258,18 +317,21 @@ func TestRefusedAndIgnoredDeliveries(t *testing.T) {
 		name     string
 		d        delivery
 		wantCode int
-		wantRes  string
+		wantRes  string // the 2xx result, or the error's ErrorInfo reason
 	}{
-		{"missing signature", delivery{event: "pull_request", id: "1", body: good}, http.StatusUnauthorized, "error"},
-		{"signature by another secret", delivery{event: "pull_request", id: "2", body: good, signature: forge.Signature("not-the-secret-at-all", good)}, http.StatusUnauthorized, "error"},
-		{"signature of another body", delivery{event: "pull_request", id: "3", body: good, signature: forge.Signature(secret, []byte("{}"))}, http.StatusUnauthorized, "error"},
-		{"sha1 signature only", delivery{event: "pull_request", id: "4", body: good, signature: "sha1=0123"}, http.StatusUnauthorized, "error"},
-		{"malformed JSON", signed("pull_request", "5", []byte(`{"action":"closed",`)), http.StatusBadRequest, "error"},
-		{"JSON of the wrong shape", signed("pull_request", "6", []byte(`{"action":"closed","pull_request":"x"}`)), http.StatusBadRequest, "error"},
-		{"no event header", signed("", "7", good), http.StatusBadRequest, "error"},
-		{"no delivery header", signed("pull_request", "", good), http.StatusBadRequest, "error"},
-		{"GET", delivery{method: http.MethodGet}, http.StatusMethodNotAllowed, "error"},
-		{"body over 1 MiB", signed("pull_request", "8", huge), http.StatusRequestEntityTooLarge, "error"},
+		{"missing signature", delivery{event: "pull_request", id: "1", body: good}, http.StatusUnauthorized, "BAD_SIGNATURE"},
+		{"signature by another secret", delivery{event: "pull_request", id: "2", body: good, signature: forge.Signature("not-the-secret-at-all", good)}, http.StatusUnauthorized, "BAD_SIGNATURE"},
+		{"signature of another body", delivery{event: "pull_request", id: "3", body: good, signature: forge.Signature(secret, []byte("{}"))}, http.StatusUnauthorized, "BAD_SIGNATURE"},
+		{"sha1 signature only", delivery{event: "pull_request", id: "4", body: good, signature: "sha1=0123"}, http.StatusUnauthorized, "BAD_SIGNATURE"},
+		{"valid sha1 signature in the sha256 header", delivery{event: "pull_request", id: "4b", body: good, signature: sha1Signature(secret, good)}, http.StatusUnauthorized, "BAD_SIGNATURE"},
+		{"unsupported content type", delivery{event: "pull_request", id: "4c", body: good, signature: forge.Signature(secret, good), contentType: "text/plain"}, http.StatusUnsupportedMediaType, "UNSUPPORTED_CONTENT_TYPE"},
+		{"form-encoded hook", formEncoded("pull_request", "4d", payload("opened", false, "acme/widgets", tk.HeadBranch, 7)), http.StatusAccepted, "ignored"},
+		{"malformed JSON", signed("pull_request", "5", []byte(`{"action":"closed",`)), http.StatusBadRequest, "BAD_PAYLOAD"},
+		{"JSON of the wrong shape", signed("pull_request", "6", []byte(`{"action":"closed","pull_request":"x"}`)), http.StatusBadRequest, "BAD_PAYLOAD"},
+		{"no event header", signed("", "7", good), http.StatusBadRequest, "MISSING_EVENT"},
+		{"no delivery header", signed("pull_request", "", good), http.StatusBadRequest, "BAD_DELIVERY_ID"},
+		{"GET", delivery{method: http.MethodGet}, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED"},
+		{"body over 1 MiB", signed("pull_request", "8", huge), http.StatusRequestEntityTooLarge, "BODY_TOO_LARGE"},
 		{"ping", signed("ping", "9", []byte(`{"zen":"Keep it logically awesome."}`)), http.StatusNoContent, ""},
 		{"unknown event", signed("issues", "10", []byte(`{"action":"opened"}`)), http.StatusAccepted, "ignored"},
 		{"unknown action", signed("pull_request", "11", payload("opened", false, "acme/widgets", tk.HeadBranch, 7)), http.StatusAccepted, "ignored"},
@@ -283,9 +345,14 @@ func TestRefusedAndIgnoredDeliveries(t *testing.T) {
 	before := e.snapshot()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			code, r := e.send(tc.d)
+			code, r, ae := e.sendFull(tc.d)
 			require.Equal(t, tc.wantCode, code)
-			require.Equal(t, tc.wantRes, r.Result)
+			if code >= 400 {
+				require.Equal(t, tc.wantRes, ae.reason())
+				require.Empty(t, r.Result)
+			} else {
+				require.Equal(t, tc.wantRes, r.Result)
+			}
 			require.Equal(t, before, e.snapshot(), "no row may change")
 		})
 	}
