@@ -3,6 +3,7 @@ package eventsclient_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -270,18 +271,45 @@ func TestOversizedEventsNeverEndTheStream(t *testing.T) {
 }
 
 // TestCloseWhileTheServiceIsDown: with everything acknowledged, Close returns at once even
-// though the stream is waiting for an unreachable service.
+// though the stream is waiting (WaitForReady) for an unreachable service.
 func TestCloseWhileTheServiceIsDown(t *testing.T) {
 	svc := newEventsServer()
 	ts := startTCP(t, svc)
-	c := ts.client(t, "task-1", eventsclient.Config{})
+	retrying := make(chan struct{}, 1)
+	log := slog.New(&signalHandler{msg: "events stream interrupted; reconnecting", ch: retrying})
+	c := ts.client(t, "task-1", eventsclient.Config{Logger: log, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	_, err := c.Send(logLine("one"))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return c.Acked() == 1 }, 10*time.Second, 5*time.Millisecond)
 	ts.kill()
+	select {
+	case <-retrying:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client did not notice the outage")
+	}
+	<-time.After(200 * time.Millisecond) // past the backoff: the next stream is waiting for the service
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	start := time.Now()
 	require.NoError(t, c.Close(ctx))
 	require.Less(t, time.Since(start), 3*time.Second)
 }
+
+// signalHandler is a slog.Handler that signals ch when a record with message msg is logged.
+type signalHandler struct {
+	msg string
+	ch  chan struct{}
+}
+
+func (h *signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		select {
+		case h.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+func (h *signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *signalHandler) WithGroup(string) slog.Handler      { return h }
