@@ -87,7 +87,7 @@ type env struct {
 	srv      *httptest.Server
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, opts ...Option) *env {
 	t.Helper()
 	e := &env{t: t, logs: &logBuffer{}}
 	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -117,7 +117,7 @@ func newEnv(t *testing.T) *env {
 		gs.Stop()
 		<-done
 	})
-	e.handler, err = New(Config{Secret: secret}, storeReader{taskrunnerv1.NewTaskServiceClient(conn), e.store}, logger)
+	e.handler, err = New(Config{Secret: secret}, storeReader{taskrunnerv1.NewTaskServiceClient(conn), e.store}, logger, opts...)
 	require.NoError(t, err)
 	e.srv = httptest.NewServer(e.handler)
 	t.Cleanup(e.srv.Close)
@@ -371,19 +371,7 @@ func TestConfigValidate(t *testing.T) {
 // signed webhook to the receiver, which moves the task to done through TaskService.
 func TestMergeOnForgeEndToEnd(t *testing.T) {
 	e := newEnv(t)
-	const pat = "ghp_forgeAdminTokenForTheTest0123456789"
-	dir := t.TempDir()
-	key, _, err := forge.LoadOrCreateAppKey(filepath.Join(dir, "app.pem"))
-	require.NoError(t, err)
-	f, err := forge.New(forge.Config{DataDir: filepath.Join(dir, "forge"), AppID: 1, AppPublicKey: &key.PublicKey,
-		PersonalToken: pat, WebhookURL: e.srv.URL + Path, WebhookSecret: secret})
-	require.NoError(t, err)
-	fs := httptest.NewServer(f.Handler())
-	t.Cleanup(func() {
-		fs.Close()
-		_ = f.Close()
-	})
-	require.NoError(t, f.CreateRepo("acme", "widgets", map[string]string{"README.md": "hi\n"}))
+	f, fs := e.newForge(t)
 
 	tests := []struct {
 		name       string
@@ -432,6 +420,27 @@ func TestMergeOnForgeEndToEnd(t *testing.T) {
 			require.Equal(t, "closed", last.Action)
 		})
 	}
+}
+
+// pat is the forge's personal token in these tests.
+const pat = "ghp_forgeAdminTokenForTheTest0123456789"
+
+// newForge starts a forge with repository acme/widgets that sends its webhooks to the receiver.
+func (e *env) newForge(t *testing.T) (*forge.Forge, *httptest.Server) {
+	t.Helper()
+	dir := t.TempDir()
+	key, _, err := forge.LoadOrCreateAppKey(filepath.Join(dir, "app.pem"))
+	require.NoError(t, err)
+	f, err := forge.New(forge.Config{DataDir: filepath.Join(dir, "forge"), AppID: 1, AppPublicKey: &key.PublicKey,
+		PersonalToken: pat, WebhookURL: e.srv.URL + Path, WebhookSecret: secret})
+	require.NoError(t, err)
+	fs := httptest.NewServer(f.Handler())
+	t.Cleanup(func() {
+		fs.Close()
+		_ = f.Close()
+	})
+	require.NoError(t, f.CreateRepo("acme", "widgets", map[string]string{"README.md": "hi\n"}))
+	return f, fs
 }
 
 // pushBranch commits a change on branch straight into the forge's bare repository.
