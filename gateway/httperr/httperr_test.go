@@ -114,9 +114,9 @@ func TestTruncate(t *testing.T) {
 		{"short", 10, "short"},
 		{"exactly10!", 10, "exactly10!"},
 		{"abcdefghijk", 10, "abcdefg…"},
-		{"ééééé", 8, "éé…"},       // 2-byte runes: 5 bytes left before "…" → 2 runes
+		{"ééééé", 8, "éé…"},    // 2-byte runes: 5 bytes left before "…" → 2 runes
 		{"日本語の文字列", 10, "日本…"}, // 3-byte runes: 7 bytes → 2 runes
-		{"👍👍👍", 6, "…"},          // a 4-byte rune does not fit in 3 bytes
+		{"👍👍👍", 6, "…"},        // a 4-byte rune does not fit in 3 bytes
 		{"👍👍👍", 2, ""},
 		{"ab\xffcd", 10, "ab\uFFFDcd"},
 		{"", 0, ""},
