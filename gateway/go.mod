@@ -23,6 +23,7 @@ require (
 	github.com/caarlos0/env/v11 v11.4.2 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
+	github.com/taskrunner/taskrunner/platform v0.0.0
 	github.com/taskrunner/taskrunner/services v0.0.0
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/net v0.62.0 // indirect
@@ -37,3 +38,5 @@ require (
 replace github.com/taskrunner/taskrunner/proto => ../proto
 
 replace github.com/taskrunner/taskrunner/services => ../services
+
+replace github.com/taskrunner/taskrunner/platform => ../platform

@@ -141,6 +141,7 @@ require (
 )
 
 require (
+	github.com/taskrunner/taskrunner/platform v0.0.0
 	github.com/taskrunner/taskrunner/proto v0.0.0
 	github.com/taskrunner/taskrunner/runner v0.0.0
 	k8s.io/api v0.37.2
@@ -151,3 +152,5 @@ require (
 replace github.com/taskrunner/taskrunner/proto => ../proto
 
 replace github.com/taskrunner/taskrunner/runner => ../runner
+
+replace github.com/taskrunner/taskrunner/platform => ../platform

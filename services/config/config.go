@@ -34,6 +34,14 @@ type Daemon struct {
 	ShutdownTimeout time.Duration `env:"TASKRUNNER_SHUTDOWN_TIMEOUT" envDefault:"20s"`
 	// MetricsAddr serves Prometheus metrics at /metrics; empty disables it.
 	MetricsAddr string `env:"TASKRUNNER_METRICS_ADDR" envDefault:"127.0.0.1:9464"`
+	// GRPCTLSCertFile and GRPCTLSKeyFile make the public port (GRPCAddr)
+	// serve TLS; without them it is plaintext, for local development and
+	// private networks. Clients verify it with TASKRUNNER_GRPC_CA_FILE.
+	GRPCTLSCertFile string `env:"TASKRUNNER_GRPC_TLS_CERT_FILE"`
+	GRPCTLSKeyFile  string `env:"TASKRUNNER_GRPC_TLS_KEY_FILE"`
+	// GRPCReflection registers gRPC reflection on the public port (never on
+	// the runner port).
+	GRPCReflection bool `env:"TASKRUNNER_GRPC_REFLECTION" envDefault:"true"`
 
 	// RunnerGRPCAddr serves the runner-facing RPCs (EventsService.Connect,
 	// GitHubTokenService.IssueRepoToken) over mTLS; empty disables it.
@@ -50,6 +58,10 @@ type Daemon struct {
 	// EventsCommitters is events.Config.Committers: group committers,
 	// each a transaction at a time, the tasks spread over them.
 	EventsCommitters int `env:"TASKRUNNER_EVENTS_COMMITTERS" envDefault:"1"`
+	// HeartbeatInterval is the one liveness setting: Events tells runners
+	// to send a heartbeat this often (Welcome), and Dispatch's reaper fails
+	// a running task after 3 intervals without anything from its runner.
+	HeartbeatInterval time.Duration `env:"TASKRUNNER_HEARTBEAT_INTERVAL" envDefault:"10s"`
 
 	// SandboxProvider selects where Dispatch runs tasks.
 	SandboxProvider  string `env:"TASKRUNNER_SANDBOX_PROVIDER" envDefault:"process"`
@@ -124,8 +136,14 @@ func (d Daemon) Validate() error {
 			return fmt.Errorf("TASKRUNNER_RUNNER_GRPC_ADDR: want host:port, got %q", d.RunnerGRPCAddr)
 		}
 	}
+	if d.HeartbeatInterval < time.Second || d.HeartbeatInterval%time.Second != 0 {
+		return fmt.Errorf("TASKRUNNER_HEARTBEAT_INTERVAL: want whole seconds, at least 1s (runners are told it in seconds), got %s", d.HeartbeatInterval)
+	}
 	if d.EventsCommitters < 1 || d.EventsCommitters > 64 {
 		return fmt.Errorf("TASKRUNNER_EVENTS_COMMITTERS: want 1 to 64, got %d", d.EventsCommitters)
+	}
+	if (d.GRPCTLSCertFile == "") != (d.GRPCTLSKeyFile == "") {
+		return fmt.Errorf("TASKRUNNER_GRPC_TLS_CERT_FILE and TASKRUNNER_GRPC_TLS_KEY_FILE must be set together")
 	}
 	if (d.TLSCertFile != "" || d.TLSKeyFile != "") && !d.TLSConfigured() {
 		return fmt.Errorf("TASKRUNNER_TLS_CERT_FILE, TASKRUNNER_TLS_KEY_FILE and TASKRUNNER_RUNNER_CA_FILE must be set together")

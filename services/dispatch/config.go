@@ -9,11 +9,13 @@ import (
 // Config holds the limits and the runner's settings. Env tags make it the
 // single list of variables the deploy tests check.
 type Config struct {
-	PerOwnerPerDay    int           `env:"TASKRUNNER_DISPATCH_PER_OWNER_PER_DAY" envDefault:"20"`
-	PerRepoRunning    int           `env:"TASKRUNNER_DISPATCH_PER_REPO_RUNNING" envDefault:"3"`
-	GlobalRunning     int           `env:"TASKRUNNER_DISPATCH_GLOBAL_RUNNING" envDefault:"10"`
-	TaskTimeout       time.Duration `env:"TASKRUNNER_TASK_TIMEOUT" envDefault:"30m"`
-	HeartbeatInterval time.Duration `env:"TASKRUNNER_HEARTBEAT_INTERVAL" envDefault:"10s"`
+	PerOwnerPerDay int           `env:"TASKRUNNER_DISPATCH_PER_OWNER_PER_DAY" envDefault:"20"`
+	PerRepoRunning int           `env:"TASKRUNNER_DISPATCH_PER_REPO_RUNNING" envDefault:"3"`
+	GlobalRunning  int           `env:"TASKRUNNER_DISPATCH_GLOBAL_RUNNING" envDefault:"10"`
+	TaskTimeout    time.Duration `env:"TASKRUNNER_TASK_TIMEOUT" envDefault:"30m"`
+	// HeartbeatInterval is config.Daemon's TASKRUNNER_HEARTBEAT_INTERVAL
+	// (set by the daemon, shared with Events): the reaper's unit of silence.
+	HeartbeatInterval time.Duration
 	ReaperInterval    time.Duration `env:"TASKRUNNER_REAPER_INTERVAL" envDefault:"15s"`
 	OrphanGrace       time.Duration `env:"TASKRUNNER_ORPHAN_GRACE" envDefault:"2m"`
 	CancelGrace       time.Duration `env:"TASKRUNNER_CANCEL_GRACE" envDefault:"15s"`

@@ -9,8 +9,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
@@ -25,9 +27,7 @@ import (
 	"github.com/taskrunner/taskrunner/services/errs"
 	"github.com/taskrunner/taskrunner/services/pki"
 	"github.com/taskrunner/taskrunner/services/sandbox"
-	"github.com/taskrunner/taskrunner/services/store"
 	"github.com/taskrunner/taskrunner/services/task"
-	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 // Canceller pushes Cancel to the runner's stream (EventsService.Cancel).
@@ -38,6 +38,7 @@ type Canceller interface {
 // Deps are the service's collaborators.
 type Deps struct {
 	Pool      *pgxpool.Pool
+	Publisher task.Publisher // fans the timeline's events out (nil: none)
 	Provider  sandbox.Provider
 	CA        *pki.CA
 	Canceller Canceller
@@ -46,6 +47,15 @@ type Deps struct {
 	Getenv func(string) string
 	// Traceparent returns the W3C traceparent of ctx's span ("" when none).
 	Traceparent func(ctx context.Context) string
+	// PullRequests closes a cancelled task's pull request (nil: a task
+	// awaiting review cannot be cancelled here).
+	PullRequests PullRequests
+}
+
+// PullRequests is what Dispatch does on the forge: GitHubTokenService's
+// server implements it with the GitHub App's credentials.
+type PullRequests interface {
+	ClosePullRequest(ctx context.Context, repo string, number int, comment string) error
 }
 
 var tracer = otel.Tracer("github.com/taskrunner/taskrunner/services/dispatch")
@@ -58,6 +68,9 @@ type Server struct {
 	tasks *task.Store
 	log   *slog.Logger
 	m     metrics
+
+	starting sync.WaitGroup // sandbox starts in progress (launch)
+	born     time.Time      // when this server was made (the reaper's grace)
 }
 
 type metrics struct {
@@ -65,7 +78,7 @@ type metrics struct {
 	reaper  metric.Int64Counter
 }
 
-func newMetrics(pool *pgxpool.Pool) (metrics, error) {
+func newMetrics(tasks *task.Store) (metrics, error) {
 	meter := otel.Meter("github.com/taskrunner/taskrunner/services/dispatch")
 	lat, err := meter.Float64Histogram("taskrunner.dispatch.latency", metric.WithUnit("s"),
 		metric.WithDescription("Time to admit a task and create its sandbox"))
@@ -78,8 +91,8 @@ func newMetrics(pool *pgxpool.Pool) (metrics, error) {
 	}
 	_, err = meter.Int64ObservableGauge("taskrunner.queue.depth", metric.WithDescription("Tasks waiting in the dispatch queue"),
 		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
-			var n int64
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE status = 'queued'`).Scan(&n); err != nil {
+			n, err := tasks.QueueDepth(ctx)
+			if err != nil {
 				return err
 			}
 			o.Observe(n)
@@ -113,11 +126,15 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if cfg.RunnerTokenAddr == "" {
 		cfg.RunnerTokenAddr = cfg.RunnerEventsAddr
 	}
-	m, err := newMetrics(d.Pool)
+	tasks := task.NewStore(d.Pool)
+	if d.Publisher != nil {
+		tasks = tasks.WithPublisher(d.Publisher)
+	}
+	m, err := newMetrics(tasks)
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, d: d, tasks: task.NewStore(d.Pool), log: d.Logger, m: m}, nil
+	return &Server{cfg: cfg, d: d, tasks: tasks, log: d.Logger, m: m, born: time.Now()}, nil
 }
 
 // ReaperInterval is how often the reaper and the queue's safety-net drain run.
@@ -128,15 +145,7 @@ func (s *Server) ReaperInterval() time.Duration { return s.cfg.ReaperInterval }
 // and safer than per-repository locking.
 const admissionLock = `SELECT pg_advisory_xact_lock(72610001)`
 
-const (
-	lockForAdmission = `SELECT owner, repo, status FROM tasks WHERE id = $1 FOR UPDATE`
-	ownerWindow      = `SELECT count(*), min(dispatched_at) FROM tasks WHERE owner = $1 AND dispatched_at > now() - interval '24 hours'`
-	runningCounts    = `SELECT count(*) FILTER (WHERE repo = $1), count(*) FROM tasks WHERE status = 'running'`
-	queuedAhead      = `SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND repo = $1)`
-	markDispatched   = `UPDATE tasks SET dispatched_at = now() WHERE id = $1`
-	insertSandbox    = `INSERT INTO sandboxes (task_id, provider, state) VALUES ($1, $2, 'creating')`
-	markStarted      = `UPDATE tasks SET started_at = now(), deadline_at = now() + $2 * interval '1 second' WHERE id = $1 RETURNING deadline_at`
-)
+const insertSandbox = `INSERT INTO sandboxes (task_id, provider, state) VALUES ($1, $2, 'creating')`
 
 // admitted is a task that must be started after commit.
 type admitted struct {
@@ -144,9 +153,12 @@ type admitted struct {
 	deadline time.Time
 }
 
-// DispatchTask implements task.Dispatcher: it admits the task and starts its
-// sandbox, or queues it. Repeated and concurrent calls never start a second
-// sandbox: the first caller moves the task out of proposing under a row lock.
+// DispatchTask implements task.Dispatcher: it admits the task (its sandbox
+// is then started in the background) or queues it. Repeated and concurrent
+// calls never start a second sandbox: the first caller moves the task out
+// of proposing under a row lock. Starting the sandbox is work that
+// outlives the request: a client that goes away after admission committed
+// does not fail the task.
 func (s *Server) DispatchTask(ctx context.Context, taskID string) (tk task.Task, err error) {
 	began := time.Now()
 	ctx, span := s.taskSpan(ctx, taskID, "dispatch")
@@ -160,27 +172,23 @@ func (s *Server) DispatchTask(ctx context.Context, taskID string) (tk task.Task,
 		s.m.latency.Record(ctx, time.Since(began).Seconds(), metric.WithAttributes(attribute.Bool("ok", err == nil)))
 	}()
 	var start *admitted
-	err = store.WithTx(ctx, s.d.Pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+	err = s.tasks.InTx(ctx, func(tx *task.Tx) error {
 		start = nil
 		if _, err := tx.Exec(ctx, admissionLock); err != nil {
 			return err
 		}
-		var owner, repo, status string
-		if err := tx.QueryRow(ctx, lockForAdmission, taskID).Scan(&owner, &repo, &status); err != nil {
-			if errors.Is(err, pgx.ErrNoRows) {
-				return errs.NotFound("task", taskID)
-			}
+		owner, repo, status, err := tx.LockForAdmission(ctx, taskID)
+		if err != nil {
 			return err
 		}
-		if task.Status(status) != task.StatusProposing {
-			if task.Status(status).Terminal() {
+		if status != task.StatusProposing {
+			if status.Terminal() {
 				return errs.Transition("task %s is %s: it cannot be dispatched (retry it instead)", taskID, status)
 			}
 			return nil // already admitted: idempotent
 		}
-		var n int
-		var oldest *time.Time
-		if err := tx.QueryRow(ctx, ownerWindow, owner).Scan(&n, &oldest); err != nil {
+		n, oldest, err := tx.DispatchedInWindow(ctx, owner)
+		if err != nil {
 			return err
 		}
 		if n >= s.cfg.PerOwnerPerDay {
@@ -191,22 +199,27 @@ func (s *Server) DispatchTask(ctx context.Context, taskID string) (tk task.Task,
 			}
 			return errs.Quota(retry, "owner %q reached %d dispatched tasks in 24 hours; retry in %d s", owner, s.cfg.PerOwnerPerDay, retry)
 		}
-		if _, err := tx.Exec(ctx, markDispatched, taskID); err != nil {
+		if err := tx.MarkDispatched(ctx, taskID); err != nil {
 			return err
 		}
-		var repoRunning, global int
-		if err := tx.QueryRow(ctx, runningCounts, repo).Scan(&repoRunning, &global); err != nil {
+		repoRunning, global, err := tx.RunningCounts(ctx, repo)
+		if err != nil {
 			return err
 		}
-		var ahead bool
-		if err := tx.QueryRow(ctx, queuedAhead, repo).Scan(&ahead); err != nil {
+		ahead, err := tx.QueuedForRepo(ctx, repo)
+		if err != nil {
 			return err
 		}
 		if ahead || repoRunning >= s.cfg.PerRepoRunning || global >= s.cfg.GlobalRunning {
-			_, _, err := task.AdvanceTx(ctx, tx, taskID, "", task.Advance{RequestID: "dispatch:queue", Status: task.StatusQueued})
+			why := fmt.Sprintf("waiting for capacity: %d of %d running in %s, %d of %d in all", repoRunning, s.cfg.PerRepoRunning, repo, global, s.cfg.GlobalRunning)
+			if ahead {
+				why = "waiting behind earlier tasks of " + repo
+			}
+			_, _, err := tx.Advance(ctx, taskID, "", task.Advance{RequestID: "dispatch:queue", Status: task.StatusQueued,
+				Actor: task.UserActor(owner), Reason: why})
 			return err
 		}
-		a, err := s.admitTx(ctx, tx, taskID)
+		a, err := s.admitTx(ctx, tx, taskID, task.UserActor(owner), "admitted")
 		start = a
 		return err
 	})
@@ -214,82 +227,126 @@ func (s *Server) DispatchTask(ctx context.Context, taskID string) (tk task.Task,
 		return task.Task{}, err
 	}
 	if start != nil {
-		s.start(ctx, *start)
+		s.launch(ctx, *start)
 	}
 	return s.tasks.Get(ctx, taskID, "")
 }
 
-// taskSpan starts a span in the task's own trace (its task.create span is
-// the parent, even when this call arrives in another request), linked to
-// the caller's span.
+// taskSpan starts a span in the task's own trace (see task.StartSpan).
 func (s *Server) taskSpan(ctx context.Context, taskID, name string) (context.Context, trace.Span) {
-	var tp string
-	_ = s.d.Pool.QueryRow(ctx, `SELECT traceparent FROM tasks WHERE id = $1`, taskID).Scan(&tp)
-	caller := trace.SpanContextFromContext(ctx)
-	parent := telemetry.ContextFromTraceparent(context.WithoutCancel(ctx), tp)
-	if tp == "" {
-		parent = ctx
-	}
-	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.String("taskrunner.task_id", taskID),
-		attribute.String("taskrunner.provider", s.d.Provider.Name()))}
-	if caller.IsValid() && tp != "" {
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: caller}))
-	}
-	_, span := tracer.Start(parent, name, opts...)
-	// Keep the caller's cancellation and deadline, with the task's span.
-	return trace.ContextWithSpan(ctx, span), span
+	ctx, span := task.StartSpan(ctx, task.Task{ID: taskID, Traceparent: s.tasks.Traceparent(ctx, taskID)}, name)
+	span.SetAttributes(attribute.String("taskrunner.provider", s.d.Provider.Name()))
+	return ctx, span
 }
 
 // admitTx records the sandbox and moves the task to running.
-func (s *Server) admitTx(ctx context.Context, tx pgx.Tx, taskID string) (*admitted, error) {
+func (s *Server) admitTx(ctx context.Context, tx *task.Tx, taskID string, actor task.Actor, why string) (*admitted, error) {
 	if _, err := tx.Exec(ctx, insertSandbox, taskID, s.d.Provider.Name()); err != nil {
 		return nil, err
 	}
-	if _, _, err := task.AdvanceTx(ctx, tx, taskID, "", task.Advance{RequestID: "dispatch:run", Status: task.StatusRunning}); err != nil {
+	if _, _, err := tx.Advance(ctx, taskID, "", task.Advance{RequestID: "dispatch:run", Status: task.StatusRunning, Actor: actor, Reason: why}); err != nil {
 		return nil, err
 	}
-	var deadline time.Time
-	if err := tx.QueryRow(ctx, markStarted, taskID, s.cfg.TaskTimeout.Seconds()).Scan(&deadline); err != nil {
+	deadline, err := tx.MarkStarted(ctx, taskID, s.cfg.TaskTimeout)
+	if err != nil {
 		return nil, err
 	}
 	return &admitted{id: taskID, deadline: deadline}, nil
 }
 
-// start mints the task certificate and creates the sandbox. A failure fails
-// the task (the sandbox row records it), so nothing waits for a runner that
-// never started.
+// launch starts an admitted task's sandbox in the background, under no
+// request's context (only the trace carries over).
+func (s *Server) launch(ctx context.Context, a admitted) {
+	ctx = context.WithoutCancel(ctx)
+	s.starting.Add(1)
+	go func() {
+		defer s.starting.Done()
+		s.start(ctx, a)
+	}()
+}
+
+// Wait blocks until every sandbox start in progress has finished (for
+// shutdown and tests).
+func (s *Server) Wait() { s.starting.Wait() }
+
+// startAttempts bounds the tries of Provider.Create (idempotent per task)
+// before the task fails.
+const startAttempts = 4
+
+// start mints the task certificate and creates the sandbox, retrying with
+// backoff. Either outcome is on the task's timeline: a sandbox "started"
+// event, or a "failed" one and the task failed (the sandbox row records
+// it), so nothing waits for a runner that never started.
 func (s *Server) start(ctx context.Context, a admitted) {
 	ctx, span := tracer.Start(ctx, "sandbox.create", trace.WithAttributes(attribute.String("taskrunner.task_id", a.id),
 		attribute.String("taskrunner.provider", s.d.Provider.Name())))
 	defer span.End()
 	t, err := s.tasks.Get(ctx, a.id, "")
+	if err == nil && t.Status != task.StatusRunning {
+		s.log.InfoContext(ctx, "sandbox not started: the task is no longer running", "task_id", a.id, "status", t.Status)
+		return
+	}
+	var sb sandbox.Sandbox
 	if err == nil {
-		var sb sandbox.Sandbox
-		sb, err = s.create(ctx, t, a.deadline)
-		if err == nil {
-			span.SetAttributes(attribute.String("taskrunner.sandbox_id", sb.ID), attribute.String("taskrunner.repo", t.Repo))
-			if _, err := s.d.Pool.Exec(ctx, `UPDATE sandboxes SET external_id = $2, state = $3 WHERE task_id = $1`, a.id, sb.ID, string(sb.State)); err != nil {
-				// The sandbox runs; Destroy falls back to the name derived from the task id.
-				s.log.ErrorContext(ctx, "record sandbox id", "task_id", a.id, "sandbox_id", sb.ID, "error", err)
+		sb, err = backoff.Retry(ctx, func() (sandbox.Sandbox, error) {
+			sb, err := s.create(ctx, t, a.deadline)
+			if err != nil {
+				s.log.WarnContext(ctx, "sandbox create failed; retrying", "task_id", a.id, "error", err)
 			}
-			s.log.InfoContext(ctx, "sandbox created", "task_id", a.id, "provider", s.d.Provider.Name(), "sandbox_id", sb.ID)
-			return
+			return sb, err
+		}, backoff.WithBackOff(newStartBackOff()), backoff.WithMaxTries(startAttempts))
+	}
+	if err == nil {
+		span.SetAttributes(attribute.String("taskrunner.sandbox_id", sb.ID), attribute.String("taskrunner.repo", t.Repo))
+		state := string(sb.State)
+		if state == "" {
+			state = "running"
 		}
+		if _, err := s.d.Pool.Exec(ctx, `UPDATE sandboxes SET external_id = $2, state = $3 WHERE task_id = $1`, a.id, sb.ID, state); err != nil {
+			// The sandbox runs; Destroy falls back to the name derived from the task id.
+			s.log.ErrorContext(ctx, "record sandbox id", "task_id", a.id, "sandbox_id", sb.ID, "error", err)
+		}
+		s.sandboxEvent(ctx, a.id, "started", sb.ID, "")
+		s.log.InfoContext(ctx, "sandbox created", "task_id", a.id, "provider", s.d.Provider.Name(), "sandbox_id", sb.ID)
+		return
 	}
 	span.RecordError(err)
 	span.SetStatus(codes.Error, err.Error())
 	s.log.ErrorContext(ctx, "sandbox create failed", "task_id", a.id, "provider", s.d.Provider.Name(), "error", err)
 	_, _ = s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'failed', destroyed_at = now() WHERE task_id = $1`, a.id)
-	if _, _, aerr := s.tasks.Advance(context.WithoutCancel(ctx), a.id, "", task.Advance{RequestID: "dispatch:start-failed",
-		Status: task.StatusFailed, FailedReason: "sandbox: " + err.Error()}); aerr != nil {
+	reason := "sandbox: " + err.Error()
+	s.sandboxEvent(ctx, a.id, "failed", "", reason)
+	if _, _, aerr := s.tasks.Advance(ctx, a.id, "", task.Advance{RequestID: "dispatch:start-failed",
+		Status: task.StatusFailed, FailedReason: reason, Actor: task.ActorDispatch}); aerr != nil {
 		s.log.ErrorContext(ctx, "could not fail task after sandbox error", "task_id", a.id, "error", aerr)
+	}
+}
+
+func newStartBackOff() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 200*time.Millisecond, 2*time.Second
+	return b
+}
+
+// sandboxEvent appends a SandboxState event to the task's timeline (it is
+// not a status change: the task is running from admission on).
+func (s *Server) sandboxEvent(ctx context.Context, taskID, state, sandboxID, reason string) {
+	err := s.tasks.InTx(ctx, func(tx *task.Tx) error {
+		if _, err := tx.Lock(ctx, taskID); err != nil {
+			return err
+		}
+		return tx.Append(ctx, taskID, &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Sandbox{Sandbox: &taskrunnerv1.SandboxState{
+			State: state, Provider: s.d.Provider.Name(), SandboxId: sandboxID, Reason: task.CleanReason(reason)}}})
+	})
+	if err != nil {
+		s.log.ErrorContext(ctx, "could not record the sandbox on the timeline", "task_id", taskID, "state", state, "error", err)
 	}
 }
 
 func (s *Server) create(ctx context.Context, t task.Task, deadline time.Time) (sandbox.Sandbox, error) {
 	certPEM, keyPEM, err := s.d.CA.MintTaskCert(t.ID, deadline.Add(s.cfg.CancelGrace))
 	if err != nil {
-		return sandbox.Sandbox{}, fmt.Errorf("mint task certificate: %w", err)
+		return sandbox.Sandbox{}, backoff.Permanent(fmt.Errorf("mint task certificate: %w", err))
 	}
 	return s.d.Provider.Create(ctx, sandbox.Spec{
 		TaskID: t.ID, Owner: t.Owner, Image: s.cfg.RunnerImage,
@@ -345,45 +402,22 @@ func isGitHubSecret(k string) bool {
 func (s *Server) drainQueue(ctx context.Context) {
 	for ctx.Err() == nil {
 		var start *admitted
-		err := store.WithTx(ctx, s.d.Pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+		err := s.tasks.InTx(ctx, func(tx *task.Tx) error {
 			start = nil
 			if _, err := tx.Exec(ctx, admissionLock); err != nil {
 				return err
 			}
-			rows, err := tx.Query(ctx, `SELECT id::text, repo FROM tasks WHERE status = 'queued' ORDER BY queued_at, id LIMIT 200`)
-			if err != nil {
-				return err
-			}
-			type q struct{ id, repo string }
-			queued, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (q, error) {
-				var v q
-				return v, r.Scan(&v.id, &v.repo)
-			})
+			queued, err := tx.OldestQueued(ctx, 200)
 			if err != nil || len(queued) == 0 {
 				return err
 			}
-			running := map[string]int{}
-			total := 0
-			rows, err = tx.Query(ctx, `SELECT repo, count(*) FROM tasks WHERE status = 'running' GROUP BY repo`)
-			if err != nil {
+			running, total, err := tx.RunningByRepo(ctx)
+			if err != nil || total >= s.cfg.GlobalRunning {
 				return err
 			}
-			for rows.Next() {
-				var repo string
-				var n int
-				if err := rows.Scan(&repo, &n); err != nil {
-					rows.Close()
-					return err
-				}
-				running[repo], total = n, total+n
-			}
-			rows.Close()
-			if total >= s.cfg.GlobalRunning {
-				return nil
-			}
 			for _, c := range queued {
-				if running[c.repo] < s.cfg.PerRepoRunning {
-					a, err := s.admitTx(ctx, tx, c.id)
+				if running[c.Repo] < s.cfg.PerRepoRunning {
+					a, err := s.admitTx(ctx, tx, c.ID, task.ActorDispatch, "capacity freed: admitted from the queue")
 					start = a
 					return err
 				}
@@ -402,7 +436,7 @@ func (s *Server) drainQueue(ctx context.Context) {
 		qctx, span := s.taskSpan(ctx, start.id, "dispatch")
 		span.SetAttributes(attribute.Bool("taskrunner.from_queue", true))
 		s.log.InfoContext(qctx, "queued task admitted", "task_id", start.id)
-		s.start(qctx, *start)
+		s.launch(qctx, *start)
 		span.End()
 	}
 }
@@ -426,6 +460,7 @@ func (s *Server) Listen(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		s.releaseFinished(ctx)
 		s.drainQueue(ctx)
 		select {
 		case <-ctx.Done():
@@ -457,10 +492,13 @@ func (s *Server) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	}
 }
 
-// CancelTask implements task.Dispatcher: Cancel goes to the runner over its
-// stream, the runner gets CancelGrace to stop and report, then the sandbox
-// is destroyed; the task ends cancelled either way.
-func (s *Server) CancelTask(ctx context.Context, taskID, reason string) (task.Task, error) {
+// CancelTask implements task.Dispatcher. For a running task, Cancel goes
+// to the runner over its stream, the runner gets CancelGrace to stop and
+// report, then the sandbox is destroyed. For a task awaiting review, its
+// pull request is closed with a comment naming who cancelled (through the
+// PullRequests dependency: the GitHub App's credentials). The task ends
+// cancelled either way, with actor on its timeline.
+func (s *Server) CancelTask(ctx context.Context, taskID, reason string, actor task.Actor) (task.Task, error) {
 	t, err := s.tasks.Get(ctx, taskID, "")
 	if err != nil {
 		return task.Task{}, err
@@ -468,14 +506,30 @@ func (s *Server) CancelTask(ctx context.Context, taskID, reason string) (task.Ta
 	if t.Status.Terminal() {
 		return t, errs.Transition("task %s is %s: no further changes are accepted", t.ID, t.Status)
 	}
-	if t.Status == task.StatusRunning && s.d.Canceller != nil {
-		if err := s.d.Canceller.Cancel(ctx, taskID, reason); err != nil {
-			s.log.WarnContext(ctx, "could not push Cancel to the runner", "task_id", taskID, "error", err)
-		} else {
-			s.waitTerminal(ctx, taskID, s.cfg.CancelGrace)
+	if actor == "" {
+		actor = task.ActorDispatch
+	}
+	switch t.Status {
+	case task.StatusRunning:
+		if s.d.Canceller != nil {
+			if err := s.d.Canceller.Cancel(ctx, taskID, reason); err != nil {
+				s.log.WarnContext(ctx, "could not push Cancel to the runner", "task_id", taskID, "error", err)
+			} else {
+				s.waitTerminal(ctx, taskID, s.cfg.CancelGrace)
+			}
+		}
+	case task.StatusAwaitingReview:
+		if t.PRNumber > 0 {
+			if s.d.PullRequests == nil {
+				return task.Task{}, errs.Unavailable("cancel: the pull request cannot be closed: no GitHubToken service is configured here")
+			}
+			comment := fmt.Sprintf("Closed by taskrunner: task %s was cancelled by %s (%s).", t.ID, strings.TrimPrefix(string(actor), "user:"), reason)
+			if err := s.d.PullRequests.ClosePullRequest(ctx, t.Repo, int(t.PRNumber), comment); err != nil {
+				return task.Task{}, errs.Unavailable("cancel: could not close pull request #" + strconv.FormatInt(t.PRNumber, 10) + ": " + err.Error())
+			}
 		}
 	}
-	t, _, err = s.tasks.Advance(ctx, taskID, "", task.Advance{RequestID: "cancel", Status: task.StatusCancelled, FailedReason: reason})
+	t, _, err = s.tasks.Advance(ctx, taskID, "", task.Advance{RequestID: "cancel", Status: task.StatusCancelled, FailedReason: reason, Actor: actor})
 	if err != nil && !errors.Is(err, errs.ErrInvalidTransition) {
 		return task.Task{}, err
 	}
@@ -487,7 +541,7 @@ func (s *Server) waitTerminal(ctx context.Context, taskID string, grace time.Dur
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
 		t, err := s.tasks.Get(ctx, taskID, "")
-		if err != nil || t.Status.Terminal() {
+		if err != nil || t.Status != task.StatusRunning {
 			return
 		}
 		select {
@@ -498,7 +552,8 @@ func (s *Server) waitTerminal(ctx context.Context, taskID string, grace time.Dur
 	}
 }
 
-// destroy removes the task's sandbox (idempotent) and records it.
+// destroy removes the task's sandbox (idempotent), records it in the
+// sandboxes table and on the task's timeline.
 func (s *Server) destroy(ctx context.Context, taskID, why string) {
 	var ext string
 	err := s.d.Pool.QueryRow(ctx, `SELECT external_id FROM sandboxes WHERE task_id = $1 AND destroyed_at IS NULL`, taskID).Scan(&ext)
@@ -516,8 +571,37 @@ func (s *Server) destroy(ctx context.Context, taskID, why string) {
 		s.log.ErrorContext(ctx, "destroy sandbox", "task_id", taskID, "sandbox_id", ext, "error", err)
 		return
 	}
-	_, _ = s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'destroyed', destroyed_at = now() WHERE task_id = $1`, taskID)
+	tag, _ := s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'destroyed', destroyed_at = now() WHERE task_id = $1 AND destroyed_at IS NULL`, taskID)
+	if tag.RowsAffected() == 1 {
+		s.sandboxEvent(ctx, taskID, "destroyed", ext, why)
+	}
 	s.log.InfoContext(ctx, "sandbox destroyed", "task_id", taskID, "sandbox_id", ext, "reason", why)
+}
+
+// releaseFinished destroys the sandboxes of tasks that no longer run: a
+// runner that reported its last event (completed, failed, cancelled) has
+// nothing left to do, whatever the provider, so its sandbox and per-task
+// files go now, not when the pull request closes.
+func (s *Server) releaseFinished(ctx context.Context) {
+	rows, err := s.d.Pool.Query(ctx, `SELECT task_id::text FROM sandboxes WHERE destroyed_at IS NULL AND state <> 'creating'`)
+	if err != nil {
+		s.log.ErrorContext(ctx, "list live sandboxes", "error", err)
+		return
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(ids) == 0 {
+		return
+	}
+	sts, err := s.tasks.Statuses(ctx, ids)
+	if err != nil {
+		s.log.ErrorContext(ctx, "read task statuses", "error", err)
+		return
+	}
+	for _, id := range ids {
+		if st, ok := sts[id]; ok && st != task.StatusRunning {
+			s.destroy(ctx, id, "runner finished: task "+string(st))
+		}
+	}
 }
 
 // Dispatch implements DispatchService.Dispatch (internal scope).
@@ -551,7 +635,7 @@ func (s *Server) Cancel(ctx context.Context, req *taskrunnerv1.CancelRequest) (*
 	if reason == "" {
 		reason = "cancelled"
 	}
-	t, err := s.CancelTask(ctx, req.GetTaskId(), reason)
+	t, err := s.CancelTask(ctx, req.GetTaskId(), reason, task.Actor(req.GetActor()))
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -77,6 +78,7 @@ func (h *harness) server(t *testing.T, cfg Config, root string) *Server {
 		}})
 	require.NoError(t, err)
 	t.Cleanup(func() { h.destroyAll(t, p) })
+	t.Cleanup(s.Wait) // runs first: no sandbox start is left in flight
 	return s
 }
 
@@ -248,11 +250,12 @@ func TestCancelRunningTask(t *testing.T) {
 	id := h.create(t, "alice", "acme/widgets")
 	_, err := s.DispatchTask(ctx, id)
 	require.NoError(t, err)
+	s.Wait()
 	sb, err := s.d.Provider.Get(ctx, sandbox.Name(id))
 	require.NoError(t, err)
 	require.Equal(t, sandbox.StateRunning, sb.State)
 
-	tk, err := s.CancelTask(ctx, id, "user asked")
+	tk, err := s.CancelTask(ctx, id, "user asked", task.UserActor("alice"))
 	require.NoError(t, err)
 	require.Equal(t, task.StatusCancelled, tk.Status)
 	require.Equal(t, "user asked", tk.FailedReason)
@@ -293,7 +296,8 @@ func TestReaper(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = h.tasks.Advance(ctx, gone, "", task.Advance{RequestID: "x", Status: task.StatusCancelled})
 	require.NoError(t, err)
-	restarted := h.server(t, cfg, "sb") // a new Dispatch on the same provider state
+	restarted := h.server(t, cfg, "sb")         // a new Dispatch on the same provider state
+	restarted.born = time.Now().Add(-time.Hour) // past its start-up grace (TestReaperGraceAfterStart)
 
 	res, err := restarted.Reap(ctx)
 	require.NoError(t, err)
@@ -326,4 +330,184 @@ func TestConfigValidate(t *testing.T) {
 	c = testConfig()
 	c.RunnerEventsAddr = ""
 	require.ErrorContains(t, c.Validate(), "TASKRUNNER_RUNNER_EVENTS_ADDR")
+}
+
+// cancellingProvider cancels the dispatching request's context while its
+// sandbox is being created, as a client that disconnects right after its
+// admission committed does, then creates the sandbox only if the context
+// it was given still holds.
+type cancellingProvider struct {
+	sandbox.Provider
+	cancel context.CancelFunc
+}
+
+func (p cancellingProvider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	p.cancel()
+	if err := ctx.Err(); err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	return p.Provider.Create(ctx, spec)
+}
+
+func TestClientDisconnectDoesNotFailAnAdmittedTask(t *testing.T) {
+	h := newHarness(t)
+	s := h.server(t, testConfig(), "sb")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.d.Provider = cancellingProvider{Provider: s.d.Provider, cancel: cancel}
+	id := h.create(t, "alice", "acme/widgets")
+	if _, err := s.DispatchTask(ctx, id); err != nil {
+		require.ErrorIs(t, err, context.Canceled) // the answer may be lost with the client
+	}
+	s.Wait()
+	require.Equal(t, task.StatusRunning, h.status(t, id), "starting the sandbox runs under no request's context")
+	_, err := s.d.Provider.Get(context.Background(), sandbox.Name(id))
+	require.NoError(t, err)
+	require.Contains(t, h.timeline(t, id), "sandbox:started")
+}
+
+// failingProvider refuses every Create.
+type failingProvider struct {
+	sandbox.Provider
+	calls *int
+}
+
+func (p failingProvider) Create(context.Context, sandbox.Spec) (sandbox.Sandbox, error) {
+	*p.calls++
+	return sandbox.Sandbox{}, errors.New("no capacity in the region")
+}
+
+func TestSandboxStartIsRetriedThenFailsOnTheTimeline(t *testing.T) {
+	h := newHarness(t)
+	s := h.server(t, testConfig(), "sb")
+	calls := 0
+	s.d.Provider = failingProvider{Provider: s.d.Provider, calls: &calls}
+	id := h.create(t, "alice", "acme/widgets")
+	_, err := s.DispatchTask(context.Background(), id)
+	require.NoError(t, err)
+	s.Wait()
+	require.Equal(t, startAttempts, calls)
+	tk, err := h.tasks.Get(context.Background(), id, "")
+	require.NoError(t, err)
+	require.Equal(t, task.StatusFailed, tk.Status)
+	require.Contains(t, tk.FailedReason, "no capacity in the region")
+	require.Equal(t, []string{"status_change:proposing", "status_change:running", "sandbox:failed", "status_change:failed"}, h.timeline(t, id))
+}
+
+func TestSandboxIsDestroyedWhenTheRunnerFinishes(t *testing.T) {
+	h := newHarness(t)
+	s := h.server(t, testConfig(), "sb")
+	ctx := context.Background()
+	id := h.create(t, "alice", "acme/widgets")
+	_, err := s.DispatchTask(ctx, id)
+	require.NoError(t, err)
+	s.Wait()
+	// The runner reports its pull request: the task awaits review and the
+	// runner has nothing left to do.
+	_, _, err = h.tasks.Advance(ctx, id, "", task.Advance{Seq: 1, Status: task.StatusAwaitingReview, PRURL: "http://forge/acme/widgets/pull/1", PRNumber: 1, Actor: task.ActorRunner})
+	require.NoError(t, err)
+	s.releaseFinished(ctx)
+	_, err = s.d.Provider.Get(ctx, sandbox.Name(id))
+	require.ErrorIs(t, err, sandbox.ErrNotFound, "the sandbox of a task awaiting review is gone")
+	var state string
+	var destroyed *time.Time
+	require.NoError(t, h.db.Pool.QueryRow(ctx, `SELECT state, destroyed_at FROM sandboxes WHERE task_id = $1`, id).Scan(&state, &destroyed))
+	require.Equal(t, "destroyed", state)
+	require.NotNil(t, destroyed)
+	require.NoDirExists(t, filepath.Join(h.dir, "sb", sandbox.Name(id)), "per-task files go with the sandbox")
+	tl := h.timeline(t, id)
+	require.Equal(t, "sandbox:destroyed", tl[len(tl)-1])
+}
+
+type recordingPRs struct {
+	repo    string
+	number  int
+	comment string
+}
+
+func (r *recordingPRs) ClosePullRequest(_ context.Context, repo string, number int, comment string) error {
+	r.repo, r.number, r.comment = repo, number, comment
+	return nil
+}
+
+func TestCancelAwaitingReviewClosesThePullRequest(t *testing.T) {
+	h := newHarness(t)
+	s := h.server(t, testConfig(), "sb")
+	prs := &recordingPRs{}
+	s.d.PullRequests = prs
+	ctx := context.Background()
+	id := h.create(t, "alice", "acme/widgets")
+	_, err := s.DispatchTask(ctx, id)
+	require.NoError(t, err)
+	s.Wait()
+	_, _, err = h.tasks.Advance(ctx, id, "", task.Advance{Seq: 1, Status: task.StatusAwaitingReview, PRURL: "http://forge/acme/widgets/pull/7", PRNumber: 7})
+	require.NoError(t, err)
+
+	tk, err := s.CancelTask(ctx, id, "not needed any more", task.UserActor("bob"))
+	require.NoError(t, err)
+	require.Equal(t, task.StatusCancelled, tk.Status)
+	require.Equal(t, "acme/widgets", prs.repo)
+	require.Equal(t, 7, prs.number)
+	require.Contains(t, prs.comment, "cancelled by bob")
+	// A later merge is refused, not silently dropped.
+	_, _, err = h.tasks.Advance(ctx, id, "", task.Advance{RequestID: "merge", Status: task.StatusDone, Actor: task.ActorGitHub})
+	require.ErrorIs(t, err, errs.ErrInvalidTransition)
+
+	// Without credentials to close it, the cancel is refused and changes nothing.
+	s.d.PullRequests = nil
+	other := h.create(t, "alice", "acme/other")
+	_, err = s.DispatchTask(ctx, other)
+	require.NoError(t, err)
+	s.Wait()
+	_, _, err = h.tasks.Advance(ctx, other, "", task.Advance{Seq: 1, Status: task.StatusAwaitingReview, PRURL: "http://forge/acme/other/pull/8", PRNumber: 8})
+	require.NoError(t, err)
+	_, err = s.CancelTask(ctx, other, "x", task.UserActor("alice"))
+	require.ErrorIs(t, err, errs.ErrUnavailable)
+	require.Equal(t, task.StatusAwaitingReview, h.status(t, other))
+}
+
+func TestReaperGraceAfterStart(t *testing.T) {
+	h := newHarness(t)
+	cfg := testConfig()
+	cfg.HeartbeatInterval = time.Second
+	s := h.server(t, cfg, "sb")
+	ctx := context.Background()
+	id := h.create(t, "alice", "acme/widgets")
+	_, err := s.DispatchTask(ctx, id)
+	require.NoError(t, err)
+	s.Wait()
+	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	restarted := h.server(t, cfg, "sb")
+	res, err := restarted.Reap(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Lost, "a reaper that just started waits one full window before judging silence")
+	require.Equal(t, task.StatusRunning, h.status(t, id))
+	restarted.born = time.Now().Add(-3 * cfg.HeartbeatInterval)
+	res, err = restarted.Reap(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Lost)
+	tl := h.timeline(t, id)
+	require.Contains(t, tl, "status_change:failed")
+}
+
+// timeline lists a task's events as "type:detail" (the status a
+// status_change moves to, a sandbox event's state).
+func (h *harness) timeline(t *testing.T, id string) []string {
+	t.Helper()
+	rows, err := h.db.Pool.Query(context.Background(), `SELECT seq, type, coalesce(payload->'status_change'->>'to', payload->'sandbox'->>'state', '') FROM task_events WHERE task_id = $1 ORDER BY seq`, id)
+	require.NoError(t, err)
+	var out []string
+	var want int64 = 1
+	for rows.Next() {
+		var seq int64
+		var typ, detail string
+		require.NoError(t, rows.Scan(&seq, &typ, &detail))
+		require.Equal(t, want, seq, "gap-free timeline")
+		want++
+		detail = strings.ToLower(strings.TrimPrefix(detail, "TASK_STATUS_"))
+		out = append(out, typ+":"+detail)
+	}
+	require.NoError(t, rows.Err())
+	return out
 }

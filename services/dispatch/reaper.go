@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -53,7 +52,7 @@ func (s *Server) Reap(ctx context.Context) (res ReapResult, err error) {
 		span.AddEvent(action, trace.WithAttributes(attribute.String("taskrunner.task_id", taskID)))
 	}
 
-	timedOut, err := s.ids(ctx, `SELECT id::text FROM tasks WHERE status = 'running' AND deadline_at < now() - $1 * interval '1 second'`, s.cfg.CancelGrace.Seconds())
+	timedOut, err := s.tasks.PastDeadline(ctx, s.cfg.CancelGrace)
 	if err != nil {
 		return res, err
 	}
@@ -64,13 +63,18 @@ func (s *Server) Reap(ctx context.Context) (res ReapResult, err error) {
 			count("timeout", id)
 		}
 	}
-	lost, err := s.ids(ctx, `SELECT id::text FROM tasks WHERE status = 'running'
-AND coalesce(heartbeat_at, started_at, updated_at) < now() - $1 * interval '1 second'`, 3*s.cfg.HeartbeatInterval.Seconds())
-	if err != nil {
-		return res, err
+	// After its own start the reaper waits one full window before judging
+	// silence: runners reconnecting to a restarted control plane must have
+	// had the time to say something.
+	var lost []string
+	if s.judgeSilence() {
+		lost, err = s.tasks.Silent(ctx, 3*s.cfg.HeartbeatInterval)
+		if err != nil {
+			return res, err
+		}
 	}
 	for _, id := range lost {
-		if s.fail(ctx, id, "runner_lost: no heartbeat for "+(3*s.cfg.HeartbeatInterval).String(), "reaper:lost") {
+		if s.fail(ctx, id, "runner_lost: nothing heard from the runner for "+(3*s.cfg.HeartbeatInterval).String(), "reaper:lost") {
 			res.Lost++
 			count("runner_lost", id)
 		}
@@ -112,16 +116,14 @@ AND coalesce(heartbeat_at, started_at, updated_at) < now() - $1 * interval '1 se
 	return res, nil
 }
 
-func (s *Server) ids(ctx context.Context, q string, args ...any) ([]string, error) {
-	rows, err := s.d.Pool.Query(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+// judgeSilence reports whether the reaper has run for a full silence window
+// (3 heartbeat intervals) since this server started.
+func (s *Server) judgeSilence() bool {
+	return time.Since(s.born) >= 3*s.cfg.HeartbeatInterval
 }
 
 func (s *Server) fail(ctx context.Context, id, reason, requestID string) bool {
-	_, applied, err := s.tasks.Advance(ctx, id, "", task.Advance{RequestID: requestID, Status: task.StatusFailed, FailedReason: reason})
+	_, applied, err := s.tasks.Advance(ctx, id, "", task.Advance{RequestID: requestID, Status: task.StatusFailed, FailedReason: reason, Actor: task.ActorReaper})
 	if err != nil && !errors.Is(err, errs.ErrInvalidTransition) {
 		s.log.ErrorContext(ctx, "reaper: fail task", "task_id", id, "error", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/errs"
 	"github.com/taskrunner/taskrunner/services/store"
@@ -24,11 +25,11 @@ import (
 // submission is one thing a runner stream asks the committer to do: persist
 // an event (ev != nil) or record a heartbeat (ev == nil).
 type submission struct {
-	taskID  string
-	ev      *taskrunnerv1.Event
-	typ     string
-	payload []byte
-	sink    *sink
+	taskID string
+	ev     *taskrunnerv1.Event // its seq is the runner's
+	typ    string
+	body   []byte // eventwire.EncodeBody: the JSON without seq
+	sink   *sink
 }
 
 // sink collects a stream's results without ever blocking the committer: the
@@ -73,12 +74,6 @@ func (s *sink) state() (int64, error) {
 	return s.ack, s.err
 }
 
-// published is one committed event on its way to Redis.
-type published struct {
-	channel string
-	payload []byte
-}
-
 // committer batches the submissions of every stream into few transactions
 // (group commit). One goroutine commits; a second publishes committed events
 // to Redis in commit order, so a slow Redis never delays an acknowledgement.
@@ -88,7 +83,8 @@ type committer struct {
 	rdb     redis.UniversalClient
 	log     *slog.Logger
 	in      chan *submission
-	publish chan []published
+	pub     task.Publisher
+	publish chan []task.Appended
 	known   map[string]known // tasks this committer wrote last (see transact)
 	// ingested counts events stored (redeliveries excluded).
 	ingested metric.Int64Counter
@@ -97,8 +93,8 @@ type committer struct {
 func newCommitter(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) *committer {
 	ingested, _ := otel.Meter("github.com/taskrunner/taskrunner/services/events").Int64Counter("taskrunner.events.ingested",
 		metric.WithDescription("Runner events stored in PostgreSQL"))
-	return &committer{cfg: cfg, pool: pool, rdb: rdb, log: log, ingested: ingested,
-		in: make(chan *submission, cfg.QueueSize), publish: make(chan []published, 256), known: map[string]known{}}
+	return &committer{cfg: cfg, pool: pool, rdb: rdb, log: log, ingested: ingested, pub: task.NewRedisPublisher(rdb, cfg.RedisPrefix, log),
+		in: make(chan *submission, cfg.QueueSize), publish: make(chan []task.Appended, 256), known: map[string]known{}}
 }
 
 // run commits until ctx ends. Submissions still queued then are dropped: they
@@ -155,17 +151,7 @@ func (c *committer) fill(ctx context.Context, batch []*submission) []*submission
 // subscribers fill gaps from PostgreSQL.
 func (c *committer) runPublisher() {
 	for msgs := range c.publish {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, m := range msgs {
-				p.Publish(ctx, m.channel, m.payload)
-			}
-			return nil
-		})
-		cancel()
-		if err != nil {
-			c.log.Warn("events: publish to redis failed; subscribers will read from the database", "events", len(msgs), "error", err)
-		}
+		c.pub.Publish(context.Background(), msgs)
 	}
 }
 
@@ -181,7 +167,7 @@ func (c *committer) commit(batch []*submission) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var outs map[*submission]outcome
-	var pubs []published
+	var pubs []task.Appended
 	var err error
 	for attempt := range commitAttempts {
 		outs, pubs, err = c.transact(ctx, batch)
@@ -219,45 +205,22 @@ func (c *committer) commit(batch []*submission) {
 // serialization failure.
 const commitAttempts = 5
 
-const (
-	// Read after the locks, in a statement of its own: under READ COMMITTED
-	// it then sees every event committed by whoever held a lock before us.
-	// One index probe per task (the primary key, backwards), not a scan of
-	// every stored event of every task in the batch.
-	lastSeqs = `SELECT t.id::text, s.seq FROM unnest($1::uuid[]) AS t(id)
-CROSS JOIN LATERAL (SELECT seq FROM task_events e WHERE e.task_id = t.id ORDER BY seq DESC LIMIT 1) AS s`
-	insertEvents = `INSERT INTO task_events (task_id, seq, type, payload)
-SELECT t::uuid, s, ty, p::jsonb FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS u(t, s, ty, p)
-ON CONFLICT (task_id, seq) DO NOTHING`
-	touchHeartbeat = `UPDATE tasks SET heartbeat_at = now() WHERE id = ANY($1::uuid[]) AND status = 'running'`
-	expectTasks    = `SELECT taskrunner_events_expect($1::uuid[], $2::timestamptz[], $3::text[], $4::text[], $5::bigint[])`
-)
-
 // acceptsEvents reports whether a task in status st may still receive runner
 // events: not after its terminal event (awaiting_review follows completed).
 func acceptsEvents(st task.Status) bool {
 	return st == task.StatusProposing || st == task.StatusQueued || st == task.StatusRunning
 }
 
-// known is what the committer wrote last for a task: its state and its
-// last stored seq. Only the committer's goroutine touches these.
+// known is what the committer wrote last for a task: its row and where its
+// timeline stood. Only the committer's goroutine touches these.
 type known struct {
 	task task.Task
-	last int64
+	seqs task.Seqs
 }
 
 // maxKnown bounds the committer's memory of tasks; past it, it forgets them
 // all and reads the next batches afresh.
 const maxKnown = 4096
-
-// errStale is the SQLSTATE taskrunner_events_expect raises (migration
-// 00004) when a task changed behind the committer's back.
-const errStale = "TR001"
-
-func isStale(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == errStale
-}
 
 // grouped is a batch by task: the task ids in id order (the locking
 // order), each task's events in arrival order, and the tasks that sent a
@@ -287,23 +250,22 @@ func groupBatch(batch []*submission) grouped {
 }
 
 // transact writes one batch in one transaction. Events are checked per task
-// in arrival order (a repeated seq is acknowledged and skipped, a gap or an
-// event after the terminal one is refused) and transitions applied in
-// memory (task.Step), so nothing the state machine refuses reaches the
-// database and a refusal never costs the rest of the batch a retry.
+// in arrival order and transitions applied in memory (decide), so nothing
+// the state machine refuses reaches the database and a refusal never costs
+// the rest of the batch a retry.
 //
 // When the committer wrote every task of the batch itself last time, it
-// decides from what it remembers and needs one round trip: BEGIN, the
-// taskrunner_events_expect check (which locks the tasks and aborts the
-// transaction if any changed since), the inserts and updates, COMMIT. A
-// stale memory costs a ROLLBACK and the slow path. The slow path takes two:
-// BEGIN with the locks (task.QueueLock) and each task's last stored seq,
-// then the writes and COMMIT.
+// decides from what it remembers and needs one round trip: BEGIN,
+// task.QueueExpect (which locks the tasks and aborts the transaction if any
+// changed since: the invariant is written down in package task), the
+// writes, COMMIT. A stale memory costs a ROLLBACK and the slow path. The
+// slow path takes two: BEGIN with the locks (task.QueueLock) and each
+// timeline's task.Seqs, then the writes and COMMIT.
 //
 // A failed round trip leaves the connection inside a transaction, and the
 // pool destroys such a connection when it is released: nothing half-done
 // is ever committed.
-func (c *committer) transact(ctx context.Context, batch []*submission) (map[*submission]outcome, []published, error) {
+func (c *committer) transact(ctx context.Context, batch []*submission) (map[*submission]outcome, []task.Appended, error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -313,7 +275,7 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 	g := groupBatch(batch)
 	ids := g.ids
 	tasks := make(map[string]task.Task, len(ids))
-	last := make(map[string]int64, len(ids))
+	seqs := make(map[string]task.Seqs, len(ids))
 	fast := true
 	for _, id := range ids {
 		k, ok := c.known[id]
@@ -321,11 +283,11 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 			fast = false
 			break
 		}
-		tasks[id], last[id] = k.task, k.last
+		tasks[id], seqs[id] = k.task, k.seqs
 	}
 	if fast {
-		outs, pubs, err := c.write(ctx, conn, g, tasks, last, true)
-		if err == nil || !isStale(err) {
+		outs, pubs, err := c.write(ctx, conn, g, tasks, seqs, true)
+		if err == nil || !task.IsStale(err) {
 			if err != nil {
 				clear(c.known)
 			}
@@ -339,121 +301,40 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 			return nil, nil, err
 		}
 		clear(tasks)
-		clear(last)
+		clear(seqs)
 	}
 
 	read := &pgx.Batch{}
 	read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	task.QueueLock(read, ids, tasks)
-	read.Queue(lastSeqs, ids).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var id string
-			var seq int64
-			if err := rows.Scan(&id, &seq); err != nil {
-				return err
-			}
-			last[id] = seq
-		}
-		return rows.Err()
-	})
+	task.QueueLastSeqs(read, ids, seqs)
 	if err := conn.SendBatch(ctx, read).Close(); err != nil {
 		clear(c.known)
 		return nil, nil, err
 	}
-	outs, pubs, err := c.write(ctx, conn, g, tasks, last, false)
+	outs, pubs, err := c.write(ctx, conn, g, tasks, seqs, false)
 	if err != nil {
 		clear(c.known)
 	}
 	return outs, pubs, err
 }
 
-// write decides every event of the batch from tasks and last (the tasks'
-// states and last stored seqs) and sends the writes and the COMMIT in one
-// round trip; begin also opens the transaction and checks that tasks and
-// last still hold (the fast path). After a commit it remembers each task's
-// new state.
-func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, g grouped, tasks map[string]task.Task, last map[string]int64, begin bool) (map[*submission]outcome, []published, error) {
-	batch, ids, byTask := g.batch, g.ids, g.byTask
-	outs := make(map[*submission]outcome, len(batch))
-	for _, s := range batch {
-		if s.ev == nil {
-			outs[s] = outcome{ok: true} // a heartbeat
-		}
-	}
-	var (
-		rTask, rType, rPayload []string
-		rSeq                   []int64
-		pubs                   []published
-		saved                  []task.Task
-	)
-	finals := make(map[string]known, len(ids))
+// write decides the batch (decide) and sends the writes and the COMMIT in
+// one round trip; begin also opens the transaction with the fast path's
+// check. After a commit it remembers each task's new state.
+func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs, begin bool) (map[*submission]outcome, []task.Appended, error) {
+	d := decide(g, tasks, seqs)
+	var saved []task.Task
 	write := &pgx.Batch{}
 	if begin {
 		write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-		stamps, statuses, stages, seqs := make([]time.Time, len(ids)), make([]string, len(ids)), make([]string, len(ids)), make([]int64, len(ids))
-		for i, id := range ids {
-			t := tasks[id]
-			stamps[i], statuses[i], stages[i], seqs[i] = t.UpdatedAt, string(t.Status), string(t.Stage), last[id]
-		}
-		write.Queue(expectTasks, ids, stamps, statuses, stages, seqs)
+		task.QueueExpect(write, g.ids, tasks, seqs)
 	}
-	for _, id := range ids {
-		t, exists := tasks[id]
-		cur := last[id]
-		ended, changed := false, false
-		for _, s := range byTask[id] {
-			seq := s.ev.GetSeq()
-			switch {
-			case !exists:
-				outs[s] = outcome{err: errs.Transition("task %s does not exist", id)}
-				continue
-			case seq <= cur:
-				outs[s] = outcome{ok: true} // redelivery: already stored
-				continue
-			case seq != cur+1:
-				outs[s] = outcome{err: errs.Transition("event seq %d of task %s does not follow the last persisted seq %d: events must be sent in order, without gaps", seq, id, cur)}
-				continue
-			case ended || !acceptsEvents(t.Status):
-				outs[s] = outcome{err: errs.Transition("task %s is %s: no event is accepted after its terminal event (got seq %d)", id, terminalStatus(t.Status, ended), seq)}
-				continue
-			}
-			a, has, err := advanceFor(s.ev)
-			if err != nil {
-				outs[s] = outcome{err: err}
-				continue
-			}
-			if has {
-				// A refused transition refuses its event; the task's later
-				// events in this batch then have a gap and are refused too.
-				n, applied, err := task.Step(t, a)
-				if err != nil {
-					outs[s] = outcome{err: err}
-					continue
-				}
-				if applied {
-					t, changed = n, true
-				}
-			}
-			cur = seq
-			ended = IsTerminal(s.ev)
-			outs[s] = outcome{ok: true}
-			rTask, rSeq, rType, rPayload = append(rTask, id), append(rSeq, seq), append(rType, s.typ), append(rPayload, string(s.payload))
-			pubs = append(pubs, published{channel: Channel(c.cfg.RedisPrefix, id), payload: EncodeMessage(seq, s.typ, s.payload)})
-		}
-		if !exists {
-			continue
-		}
-		finals[id] = known{task: t, last: cur}
-		if changed {
-			task.QueueSave(write, t, func(n task.Task) { saved = append(saved, n) })
-		}
+	for _, t := range d.saves {
+		task.QueueSave(write, t, func(n task.Task) { saved = append(saved, n) })
 	}
-	if len(rSeq) > 0 {
-		write.Queue(insertEvents, rTask, rSeq, rType, rPayload)
-	}
-	if len(g.beats) > 0 {
-		write.Queue(touchHeartbeat, g.beats)
-	}
+	task.QueueAppend(write, d.rows)
+	task.QueueHeartbeat(write, g.beats)
 	write.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
 		if tag.String() != "COMMIT" {
 			return errors.New("events: the transaction was rolled back instead of committed")
@@ -467,21 +348,118 @@ func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, g grouped, ta
 	// Remember what was written: the saved rows carry the database's
 	// updated_at, the others are as they were read or remembered.
 	for _, n := range saved {
-		k := finals[n.ID]
+		k := d.finals[n.ID]
 		k.task = n
-		finals[n.ID] = k
+		d.finals[n.ID] = k
 	}
-	if len(c.known)+len(finals) > maxKnown {
+	if len(c.known)+len(d.finals) > maxKnown {
 		clear(c.known)
 	}
-	for id, k := range finals {
+	for id, k := range d.finals {
 		if acceptsEvents(k.task.Status) {
 			c.known[id] = k
 		} else {
 			delete(c.known, id) // finished: no more events to write
 		}
 	}
-	return outs, pubs, nil
+	return d.outs, d.pubs, nil
+}
+
+// decision is what one batch does.
+type decision struct {
+	outs   map[*submission]outcome // every submission's answer
+	rows   []task.Row              // events to append, runner's and status changes
+	pubs   []task.Appended         // the same, to publish after the commit
+	saves  []task.Task             // task rows to write
+	finals map[string]known        // each existing task's state after the batch
+}
+
+// decide is the committer's rule, without I/O: given each task's row and
+// where its timeline stands, it checks every event of the batch per task in
+// arrival order — a runner seq at or below the last stored one is a
+// redelivery (acknowledged, skipped), a gap or an event after the runner's
+// terminal one is refused — gives each accepted event the timeline's next
+// seq, applies its transition (task.Step), and appends the status_change of
+// every status the runner's events change.
+func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) decision {
+	d := decision{outs: make(map[*submission]outcome, len(g.batch)), finals: make(map[string]known, len(g.ids))}
+	for _, s := range g.batch {
+		if s.ev == nil {
+			d.outs[s] = outcome{ok: true} // a heartbeat
+		}
+	}
+	for _, id := range g.ids {
+		t, exists := tasks[id]
+		sq := seqs[id]
+		ended, changed := false, false
+		for _, s := range g.byTask[id] {
+			seq := s.ev.GetSeq()
+			switch {
+			case !exists:
+				d.outs[s] = outcome{err: errs.Transition("task %s does not exist", id)}
+				continue
+			case seq <= sq.Runner:
+				d.outs[s] = outcome{ok: true} // redelivery: already stored
+				continue
+			case seq != sq.Runner+1:
+				d.outs[s] = outcome{err: errs.Transition("event seq %d of task %s does not follow the last persisted seq %d: events must be sent in order, without gaps", seq, id, sq.Runner)}
+				continue
+			case ended || !acceptsEvents(t.Status):
+				d.outs[s] = outcome{err: errs.Transition("task %s is %s: no event is accepted after its terminal event (got seq %d)", id, terminalStatus(t.Status, ended), seq)}
+				continue
+			}
+			a, has, err := advanceFor(s.ev)
+			if err != nil {
+				d.outs[s] = outcome{err: err}
+				continue
+			}
+			from := t.Status
+			if has {
+				// A refused transition refuses its event; the task's later
+				// events in this batch then have a gap and are refused too.
+				n, applied, err := task.Step(t, a)
+				if err != nil {
+					d.outs[s] = outcome{err: err}
+					continue
+				}
+				if applied {
+					t, changed = n, true
+				}
+			}
+			sq.Runner = seq
+			sq.Stored++
+			ended = eventwire.RunnerTerminal(s.ev)
+			d.outs[s] = outcome{ok: true}
+			d.add(id, sq.Stored, seq, s.typ, false, eventwire.WithSeq(sq.Stored, s.body))
+			if t.Status != from {
+				why := a.FailedReason
+				if t.Status == task.StatusAwaitingReview {
+					why = "pull request opened: " + t.PRURL
+				}
+				sc := task.StatusChangeEvent(from, t.Status, why, task.ActorRunner, 0)
+				sc.Seq = sq.Stored + 1
+				body, err := eventwire.EncodeEvent(sc)
+				if err != nil {
+					continue // cannot happen: a well-formed message
+				}
+				sq.Stored++
+				d.add(id, sq.Stored, 0, eventwire.TypeStatusChange, eventwire.Final(sc), body)
+			}
+		}
+		if !exists {
+			continue
+		}
+		d.finals[id] = known{task: t, seqs: sq}
+		if changed {
+			d.saves = append(d.saves, t)
+		}
+	}
+	return d
+}
+
+func (d *decision) add(id string, seq, runnerSeq int64, typ string, final bool, payload []byte) {
+	d.rows = append(d.rows, task.Row{TaskID: id, Seq: seq, RunnerSeq: runnerSeq, Type: typ, Payload: payload})
+	d.pubs = append(d.pubs, task.Appended{TaskID: id, Seq: seq, Type: typ, Final: final, Payload: payload})
 }
 
 func terminalStatus(st task.Status, ended bool) string {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/errs"
 	"github.com/taskrunner/taskrunner/services/store/storetest"
@@ -53,14 +54,14 @@ func (e *committerEnv) running() string {
 // sub numbers ev and makes it the committer's work, as Connect does.
 func (e *committerEnv) sub(id string, s *sink, seq int64, ev *taskrunnerv1.Event) *submission {
 	ev.Seq = seq
-	payload, err := EncodeEvent(ev)
+	body, err := eventwire.EncodeBody(ev)
 	require.NoError(e.t, err)
-	return &submission{taskID: id, ev: ev, typ: TypeName(ev), payload: payload, sink: s}
+	return &submission{taskID: id, ev: ev, typ: eventwire.TypeName(ev), body: body, sink: s}
 }
 
-// count is the number of events stored for a task.
+// count is the number of runner events stored for a task.
 func (e *committerEnv) count(id string) (n int64) {
-	require.NoError(e.t, e.db.Pool.QueryRow(e.ctx, `SELECT count(*) FROM task_events WHERE task_id = $1`, id).Scan(&n))
+	require.NoError(e.t, e.db.Pool.QueryRow(e.ctx, `SELECT count(*) FROM task_events WHERE task_id = $1 AND runner_seq IS NOT NULL`, id).Scan(&n))
 	return n
 }
 
@@ -120,15 +121,16 @@ func TestBatchRefusalIsolatesTasks(t *testing.T) {
 	pubs := <-c.publish
 	got := map[string][]int64{}
 	for _, p := range pubs {
-		msg, err := DecodeMessage(p.payload)
+		msg, err := eventwire.DecodeMessage(p.Message())
 		require.NoError(t, err)
-		ev, err := DecodeEvent(msg.Payload)
+		ev, err := eventwire.DecodeEvent(msg.Payload)
 		require.NoError(t, err)
 		require.Equal(t, msg.Seq, ev.GetSeq())
-		require.Equal(t, TypeName(ev), msg.Type)
-		got[p.channel] = append(got[p.channel], ev.GetSeq())
+		require.Equal(t, eventwire.TypeName(ev), msg.Type)
+		got[p.TaskID] = append(got[p.TaskID], ev.GetSeq())
 	}
-	require.Equal(t, map[string][]int64{Channel(e.rds.Prefix, a): {1, 2}, Channel(e.rds.Prefix, b): {1, 2, 3}}, got)
+	// Each timeline already holds created (1) and running (2).
+	require.Equal(t, map[string][]int64{a: {3, 4}, b: {3, 4, 5}}, got)
 }
 
 // TestFailedBatchCommitsNothing breaks the second round trip of a batch
@@ -140,10 +142,10 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 	id := e.running()
 	c := e.committer()
 	stage := &taskrunnerv1.Event{Seq: 1, Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE}}}
-	good, err := EncodeEvent(stage)
+	good, err := eventwire.EncodeBody(stage)
 	require.NoError(t, err)
 	s1 := newSink()
-	c.commit([]*submission{{taskID: id, ev: stage, typ: TypeName(stage), payload: []byte("{not json"), sink: s1}})
+	c.commit([]*submission{{taskID: id, ev: stage, typ: eventwire.TypeName(stage), body: []byte("{not json"), sink: s1}})
 	ack, err := s1.state()
 	require.Zero(t, ack)
 	st, _ := errs.ToStatus(err)
@@ -162,7 +164,7 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 	// failed transaction), and the resent event is stored once.
 	for range db.Pool.Config().MaxConns {
 		s2 := newSink()
-		c.commit([]*submission{{taskID: id, ev: stage, typ: TypeName(stage), payload: good, sink: s2}})
+		c.commit([]*submission{{taskID: id, ev: stage, typ: eventwire.TypeName(stage), body: good, sink: s2}})
 		ack, err = s2.state()
 		require.NoError(t, err)
 		require.Equal(t, int64(1), ack)
@@ -187,7 +189,7 @@ func TestCommitterNoticesTasksChangedBehindItsBack(t *testing.T) {
 	sa, sb := newSink(), newSink()
 	c.commit([]*submission{sub(a, sa, 1, stage(taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE)), sub(a, sa, 2, line()), sub(b, sb, 1, line())})
 	require.Contains(t, c.known, a, "the committer remembers the tasks it wrote")
-	require.Equal(t, int64(2), c.known[a].last)
+	require.Equal(t, int64(2), c.known[a].seqs.Runner)
 	require.Equal(t, task.StageExplore, c.known[a].task.Stage)
 
 	// Remembered and unchanged: the next batch takes the one-round-trip path.
@@ -224,7 +226,7 @@ func TestCommitterNoticesTasksChangedBehindItsBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, task.StageApply, got.Stage)
 	require.Equal(t, int64(4), got.LastSeq)
-	require.Equal(t, int64(4), c.known[b].last)
+	require.Equal(t, int64(4), c.known[b].seqs.Runner)
 
 	// Every pooled connection is still usable after the rolled-back checks.
 	var one int

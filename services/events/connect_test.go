@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/eventsclient"
-	"github.com/taskrunner/taskrunner/services/events"
 	"github.com/taskrunner/taskrunner/services/pki"
 	"github.com/taskrunner/taskrunner/services/task"
 )
@@ -24,7 +24,7 @@ import (
 func collectChannel(t *testing.T, e *env, taskID string) <-chan []int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	ps := e.rds.Client.Subscribe(ctx, events.Channel(e.rds.Prefix, taskID))
+	ps := e.rds.Client.Subscribe(ctx, eventwire.Channel(e.rds.Prefix, taskID))
 	_, err := ps.Receive(ctx)
 	require.NoError(t, err)
 	out := make(chan []int64, 1)
@@ -33,16 +33,18 @@ func collectChannel(t *testing.T, e *env, taskID string) <-chan []int64 {
 		defer ps.Close()
 		var seqs []int64
 		for m := range ps.Channel() {
-			msg, err := events.DecodeMessage([]byte(m.Payload))
+			msg, err := eventwire.DecodeMessage([]byte(m.Payload))
 			if err != nil {
 				break
 			}
-			ev, err := events.DecodeEvent(msg.Payload)
-			if err != nil || ev.GetSeq() != msg.Seq || events.TypeName(ev) != msg.Type {
+			ev, err := eventwire.DecodeEvent(msg.Payload)
+			if err != nil || ev.GetSeq() != msg.Seq || eventwire.TypeName(ev) != msg.Type {
 				break
 			}
-			seqs = append(seqs, ev.GetSeq())
-			if msg.Terminal() {
+			if ev.GetSeq() > 2 { // after created and running, the runner's
+				seqs = append(seqs, ev.GetSeq()-2)
+			}
+			if eventwire.RunnerTerminal(ev) {
 				break
 			}
 		}
@@ -106,7 +108,7 @@ func TestRunnerStreamsEveryEventOnce(t *testing.T) {
 			require.Equal(t, [4]int64{int64(tc.n), int64(tc.n), 1, int64(tc.n)}, [4]int64{n, distinct, lo, hi})
 			var stages, terminal int
 			require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE type = 'stage_change'), count(*) FILTER (WHERE type = $2)
-				FROM task_events WHERE task_id = $1`, id, events.TypeName(tc.last)).Scan(&stages, &terminal))
+				FROM task_events WHERE task_id = $1`, id, eventwire.TypeName(tc.last)).Scan(&stages, &terminal))
 			require.Equal(t, 4, stages)
 			require.Equal(t, 1, terminal)
 			tk := e.task(t, id)
@@ -303,10 +305,10 @@ func TestRedeliveryIsAckedAndIgnored(t *testing.T) {
 	m, err := stream2.Recv()
 	require.NoError(t, err)
 	require.Equal(t, int64(2), m.GetAck().GetSeq())
-	recs, err := in.srv.Store().ListAfter(context.Background(), id, 0, 10)
+	recs, err := in.srv.Store().ListAfter(context.Background(), id, 2, 10) // after created and running
 	require.NoError(t, err)
 	require.Len(t, recs, 2)
-	ev, err := events.DecodeEvent(recs[1].Payload)
+	ev, err := eventwire.DecodeEvent(recs[1].Payload)
 	require.NoError(t, err)
 	require.Equal(t, []string{"original"}, ev.GetLog().GetLines())
 }

@@ -162,18 +162,26 @@ func (e *env) runner(t testing.TB, addr, taskID string) *eventsclient.Client {
 }
 
 // storedSeqs returns count, distinct count, min and max seq of a task's events.
+// storedSeqs summarises the runner seqs stored for a task, after checking
+// that the task's whole timeline (runner and control-plane events) is one
+// gap-free sequence 1..N.
 func (e *env) storedSeqs(t testing.TB, taskID string) (n, distinct, lo, hi int64) {
 	t.Helper()
+	var all, top int64
 	require.NoError(t, e.db.Pool.QueryRow(context.Background(),
-		`SELECT count(*), count(DISTINCT seq), coalesce(min(seq), 0), coalesce(max(seq), 0) FROM task_events WHERE task_id = $1`, taskID).
+		`SELECT count(*), coalesce(max(seq), 0) FROM task_events WHERE task_id = $1`, taskID).Scan(&all, &top))
+	require.Equal(t, all, top, "the timeline has gaps")
+	require.NoError(t, e.db.Pool.QueryRow(context.Background(),
+		`SELECT count(*), count(DISTINCT runner_seq), coalesce(min(runner_seq), 0), coalesce(max(runner_seq), 0) FROM task_events WHERE task_id = $1 AND runner_seq IS NOT NULL`, taskID).
 		Scan(&n, &distinct, &lo, &hi))
 	return
 }
 
+// totalRows counts the runner events stored for every task.
 func (e *env) totalRows(t testing.TB) int64 {
 	t.Helper()
 	var n int64
-	require.NoError(t, e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM task_events`).Scan(&n))
+	require.NoError(t, e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM task_events WHERE runner_seq IS NOT NULL`).Scan(&n))
 	return n
 }
 

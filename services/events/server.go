@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/errs"
 	"github.com/taskrunner/taskrunner/services/pki"
@@ -284,19 +285,19 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 	if _, err := uuid.Parse(taskID); err != nil {
 		return status.Errorf(codes.FailedPrecondition, "task %q does not exist", taskID)
 	}
-	st, err := s.store.status(ctx, taskID)
-	if errors.Is(err, errNoTask) {
+	tk, err := s.tasks.Get(ctx, taskID, "")
+	if errors.Is(err, errs.ErrNotFound) {
 		return status.Errorf(codes.FailedPrecondition, "task %s does not exist", taskID)
 	}
 	if err != nil {
-		return err
+		return storeUnavailable(err)
 	}
-	last, err := s.store.LastSeq(ctx, taskID)
+	last, err := s.tasks.LastRunnerSeq(ctx, taskID)
 	if err != nil {
-		return err
+		return storeUnavailable(err)
 	}
-	if task.Status(st).Terminal() {
-		return finished(taskID, st, last)
+	if tk.Status.Terminal() {
+		return finished(taskID, string(tk.Status), last)
 	}
 
 	conn := s.register(taskID)
@@ -345,6 +346,15 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 	}
 }
 
+// storeUnavailable answers a database failure while accepting a runner
+// with Unavailable, which runners retry, never Internal.
+func storeUnavailable(err error) error {
+	if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
+		return err
+	}
+	return status.Error(codes.Unavailable, "the event store is unavailable; reconnect and resend")
+}
+
 // finished refuses a Hello for a terminal task, telling the runner how far
 // its events were stored.
 func finished(taskID, st string, last int64) error {
@@ -366,9 +376,12 @@ func (s *Server) submission(taskID string, m *taskrunnerv1.ConnectRequest, resul
 		if ev.GetSeq() < 1 {
 			return nil, errs.Invalid("event.seq", "must be 1 or more, got %d", ev.GetSeq())
 		}
-		typ := TypeName(ev)
-		if typ == "" {
+		typ := eventwire.TypeName(ev)
+		switch typ {
+		case "":
 			return nil, errs.Invalid("event.payload", "event %d has no payload", ev.GetSeq())
+		case eventwire.TypeStatusChange, eventwire.TypeQueuePosition, eventwire.TypeSandbox:
+			return nil, errs.Invalid("event.payload", "event %d is a %s: only the control plane writes those", ev.GetSeq(), typ)
 		}
 		// Reasons end up in task rows and browsers: redact like the task row does.
 		switch p := ev.GetPayload().(type) {
@@ -377,14 +390,14 @@ func (s *Server) submission(taskID string, m *taskrunnerv1.ConnectRequest, resul
 		case *taskrunnerv1.Event_Cancelled:
 			p.Cancelled.Reason = task.CleanReason(p.Cancelled.GetReason())
 		}
-		payload, err := EncodeEvent(ev)
+		body, err := eventwire.EncodeBody(ev)
 		if err != nil {
 			return nil, errs.Invalid("event", "cannot encode event %d", ev.GetSeq())
 		}
-		if len(payload) > s.cfg.MaxEventBytes {
-			return nil, errs.Invalid("event", "event %d is %d bytes, more than the limit of %d", ev.GetSeq(), len(payload), s.cfg.MaxEventBytes)
+		if len(body) > s.cfg.MaxEventBytes {
+			return nil, errs.Invalid("event", "event %d is %d bytes, more than the limit of %d", ev.GetSeq(), len(body), s.cfg.MaxEventBytes)
 		}
-		return &submission{taskID: taskID, ev: ev, typ: typ, payload: payload, sink: results}, nil
+		return &submission{taskID: taskID, ev: ev, typ: typ, body: body, sink: results}, nil
 	case *taskrunnerv1.ConnectRequest_Hello:
 		return nil, errs.Invalid("hello", "Hello is allowed only as the first message")
 	}

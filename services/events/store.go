@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,7 +18,7 @@ type Record struct {
 	CreatedAt time.Time
 }
 
-// Store reads the task_events table. Writes go through the committer only.
+// Store reads the task_events table. Writes go through package task only.
 type Store struct {
 	pool *pgxpool.Pool
 }
@@ -42,27 +41,4 @@ func (s *Store) ListAfter(ctx context.Context, taskID string, afterSeq int64, li
 		err := r.Scan(&rec.TaskID, &rec.Seq, &rec.Type, &rec.Payload, &rec.CreatedAt)
 		return rec, err
 	})
-}
-
-const maxSeq = `SELECT coalesce(max(seq), 0) FROM task_events WHERE task_id = $1`
-
-// LastSeq returns the highest stored seq of a task (0 when none).
-func (s *Store) LastSeq(ctx context.Context, taskID string) (int64, error) {
-	var n int64
-	err := s.pool.QueryRow(ctx, maxSeq, taskID).Scan(&n)
-	return n, err
-}
-
-const taskStatus = `SELECT status FROM tasks WHERE id = $1`
-
-// errNoTask means the task row does not exist.
-var errNoTask = errors.New("events: no such task")
-
-func (s *Store) status(ctx context.Context, taskID string) (string, error) {
-	var st string
-	err := s.pool.QueryRow(ctx, taskStatus, taskID).Scan(&st)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", errNoTask
-	}
-	return st, err
 }

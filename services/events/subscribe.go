@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/errs"
@@ -40,8 +41,8 @@ func (s *Server) ownedTask(ctx context.Context, id string) (task.Task, error) {
 // Subscribe implements EventsService: it subscribes to the task's Redis
 // channel first, then replays stored events after after_seq, then streams
 // live ones, dropping duplicates by seq and filling any gap from the
-// database, until the terminal event (or, for a task that ended without one,
-// until the replay is complete).
+// database, until the status_change into done, failed or cancelled (it
+// stays open while the task awaits review).
 func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.ServerStreamingServer[taskrunnerv1.SubscribeResponse]) error {
 	ctx := stream.Context()
 	id := req.GetTaskId()
@@ -72,14 +73,14 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 				return false, err
 			}
 			for _, r := range recs {
-				e, err := DecodeEvent(r.Payload)
+				e, err := eventwire.DecodeEvent(r.Payload)
 				if err != nil {
 					return false, err
 				}
 				if err := send(e); err != nil {
 					return false, err
 				}
-				if IsTerminal(e) {
+				if eventwire.Final(e) {
 					return true, nil
 				}
 			}
@@ -88,10 +89,11 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 			}
 		}
 	}
-	// over replays what is left once the task takes no more events.
+	// over replays what is left once the task has finished (a task that
+	// finished before its timeline had status_change events ends there).
 	over := func() (bool, error) {
-		st, err := s.store.status(ctx, id)
-		if err != nil || acceptsEvents(task.Status(st)) {
+		t, err := s.tasks.Get(ctx, id, "")
+		if err != nil || !t.Status.Terminal() {
 			return false, err
 		}
 		_, err = replay()
@@ -112,10 +114,10 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 			if !ok {
 				return status.Error(codes.Unavailable, "event fan-out closed")
 			}
-			msg, err := DecodeMessage([]byte(m.Payload))
+			msg, err := eventwire.DecodeMessage([]byte(m.Payload))
 			var e *taskrunnerv1.Event
 			if err == nil {
-				e, err = DecodeEvent(msg.Payload)
+				e, err = eventwire.DecodeEvent(msg.Payload)
 			}
 			if err != nil {
 				s.log.WarnContext(ctx, "events: undecodable message on channel", "channel", m.Channel, "error", err)
@@ -135,7 +137,7 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 			if err := send(e); err != nil {
 				return err
 			}
-			if IsTerminal(e) {
+			if eventwire.Final(e) {
 				return nil
 			}
 		case <-check.C:
@@ -185,7 +187,7 @@ func (s *Server) ListEvents(ctx context.Context, req *taskrunnerv1.ListEventsReq
 		out.NextPageToken = encodePageToken(recs[size-1].Seq)
 	}
 	for _, r := range recs {
-		e, err := DecodeEvent(r.Payload)
+		e, err := eventwire.DecodeEvent(r.Payload)
 		if err != nil {
 			return nil, err
 		}

@@ -58,38 +58,75 @@ func TestSubscribeReplaysThenFollowsLive(t *testing.T) {
 	client := e.userConn(t, in.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// The timeline: created (1), running (2), the runner's 60 events
+	// (3..62), the status change to awaiting_review (63).
 	stream, err := client.Subscribe(e.as(t, ctx, "alice"), &taskrunnerv1.SubscribeRequest{TaskId: id, AfterSeq: 4})
 	require.NoError(t, err)
-	// History first: 5..20.
-	for want := int64(5); want <= 20; want++ {
+	// History first: 5..22.
+	for want := int64(5); want <= 22; want++ {
 		m, err := stream.Recv()
 		require.NoError(t, err)
 		require.Equal(t, want, m.GetEvent().GetSeq())
 	}
-	// Then live, including events sent while nobody reads.
+	// Then live, including events sent while nobody reads; the stream
+	// stays open while the task awaits review, and ends at done.
 	sendAll(t, c, evs[20:])
-	require.Equal(t, seqRange(21, 60), receiveAll(t, stream, id), "live events in order, no duplicate, ends after completed")
+	for want := int64(23); want <= 62; want++ {
+		m, err := stream.Recv()
+		require.NoError(t, err)
+		require.Equal(t, want, m.GetEvent().GetSeq())
+	}
+	sc := mustRecv(t, stream).GetEvent().GetStatusChange()
+	require.Equal(t, taskrunnerv1.TaskStatus_TASK_STATUS_AWAITING_REVIEW, sc.GetTo())
+	require.Equal(t, "runner", sc.GetActor())
+	// 63 was that status change; merging appends 64.
+	_, _, err = e.tasks.WithPublisher(task.NewRedisPublisher(e.rds.Client, e.rds.Prefix, nil)).Advance(context.Background(), id, "",
+		task.Advance{Status: task.StatusDone, RequestID: "merge", Actor: task.ActorGitHub, Reason: "pull request merged"})
+	require.NoError(t, err)
+	require.Equal(t, []int64{64}, receiveAll(t, stream, id), "done is pushed, then the stream ends")
 
 	// A finished task: the replay is the whole story.
 	again, err := client.Subscribe(e.as(t, ctx, "alice"), &taskrunnerv1.SubscribeRequest{TaskId: id})
 	require.NoError(t, err)
-	require.Equal(t, seqRange(1, 60), receiveAll(t, again, id))
+	require.Equal(t, seqRange(1, 64), receiveAll(t, again, id))
 }
 
-func TestSubscribeEndsForTaskFinishedWithoutTerminalEvent(t *testing.T) {
+func mustRecv(t *testing.T, stream interface {
+	Recv() (*taskrunnerv1.SubscribeResponse, error)
+}) *taskrunnerv1.SubscribeResponse {
+	t.Helper()
+	m, err := stream.Recv()
+	require.NoError(t, err)
+	return m
+}
+
+func TestSubscribeEndsAtTheReapersStatusChange(t *testing.T) {
 	e := newEnv(t)
 	in := e.start(t, "127.0.0.1:0")
 	id := e.runningTask(t, "alice")
 	c := e.runner(t, in.addr, id)
 	sendAll(t, c, []*taskrunnerv1.Event{stage(taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE), logLine("hello")})
 	// The reaper fails the task; no runner event says so.
-	_, _, err := e.tasks.Advance(context.Background(), id, "", task.Advance{Status: task.StatusFailed, FailedReason: "runner_lost", RequestID: "reaper"})
+	_, _, err := e.tasks.Advance(context.Background(), id, "", task.Advance{Status: task.StatusFailed, FailedReason: "runner_lost", RequestID: "reaper", Actor: task.ActorReaper})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stream, err := e.userConn(t, in.addr).Subscribe(e.as(t, ctx, "alice"), &taskrunnerv1.SubscribeRequest{TaskId: id})
 	require.NoError(t, err)
-	require.Equal(t, []int64{1, 2}, receiveAll(t, stream, id))
+	var got []*taskrunnerv1.Event
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		got = append(got, m.GetEvent())
+	}
+	require.Len(t, got, 5) // created, running, stage, log, failed
+	last := got[4].GetStatusChange()
+	require.Equal(t, taskrunnerv1.TaskStatus_TASK_STATUS_FAILED, last.GetTo())
+	require.Equal(t, "reaper", last.GetActor())
+	require.Equal(t, "runner_lost", last.GetReason())
 }
 
 func TestEventsAreOwnerChecked(t *testing.T) {
@@ -139,10 +176,11 @@ func TestListEventsPages(t *testing.T) {
 		want     [][2]int64 // first and last seq of each page
 		wantCode codes.Code
 	}{
-		{name: "pages of 10", req: &taskrunnerv1.ListEventsRequest{PageSize: 10}, want: [][2]int64{{1, 10}, {11, 20}, {21, 25}}},
-		{name: "default page size", req: &taskrunnerv1.ListEventsRequest{}, want: [][2]int64{{1, 25}}},
-		{name: "exact multiple", req: &taskrunnerv1.ListEventsRequest{PageSize: 5, AfterSeq: 15}, want: [][2]int64{{16, 20}, {21, 25}}},
-		{name: "after the end", req: &taskrunnerv1.ListEventsRequest{AfterSeq: 25}, want: [][2]int64{{0, 0}}},
+		// 27 events: created, running and the runner's 25.
+		{name: "pages of 10", req: &taskrunnerv1.ListEventsRequest{PageSize: 10}, want: [][2]int64{{1, 10}, {11, 20}, {21, 27}}},
+		{name: "default page size", req: &taskrunnerv1.ListEventsRequest{}, want: [][2]int64{{1, 27}}},
+		{name: "exact multiple", req: &taskrunnerv1.ListEventsRequest{PageSize: 5, AfterSeq: 17}, want: [][2]int64{{18, 22}, {23, 27}}},
+		{name: "after the end", req: &taskrunnerv1.ListEventsRequest{AfterSeq: 27}, want: [][2]int64{{0, 0}}},
 		{name: "page too large", req: &taskrunnerv1.ListEventsRequest{PageSize: 1001}, wantCode: codes.InvalidArgument},
 		{name: "negative page", req: &taskrunnerv1.ListEventsRequest{PageSize: -1}, wantCode: codes.InvalidArgument},
 		{name: "forged token", req: &taskrunnerv1.ListEventsRequest{PageToken: "seq=5"}, wantCode: codes.InvalidArgument},

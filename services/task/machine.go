@@ -23,6 +23,11 @@ type Advance struct {
 	PRNumber     int64
 	FailedReason string
 	Heartbeat    bool
+
+	// Actor and Reason describe a status change on the task's timeline:
+	// who decided it and why (FailedReason when Reason is empty).
+	Actor  Actor
+	Reason string
 }
 
 // next lists the legal status moves (ARCHITECTURE.md section 2).

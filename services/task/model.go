@@ -92,7 +92,12 @@ type Task struct {
 	Traceparent                                     string
 	RetryOf                                         string
 	IdempotencyKey                                  string
+	QueuedAt                                        *time.Time
 	CreatedAt, UpdatedAt                            time.Time
+
+	// Only on reads for clients (Get, List): the seq of the newest event on
+	// the task's timeline, and its 1-based place in the queue while queued.
+	TimelineSeq, QueuePosition int64
 }
 
 // HeadBranch is the branch the runner pushes for a task.

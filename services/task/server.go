@@ -25,7 +25,9 @@ var tracer = otel.Tracer("github.com/taskrunner/taskrunner/services/task")
 // process or over gRPC. Nil until a dispatch service is configured.
 type Dispatcher interface {
 	DispatchTask(ctx context.Context, taskID string) (Task, error)
-	CancelTask(ctx context.Context, taskID, reason string) (Task, error)
+	// CancelTask stops a running task's sandbox, or closes the pull request
+	// of a task awaiting review, and cancels the task.
+	CancelTask(ctx context.Context, taskID, reason string, actor Actor) (Task, error)
 }
 
 // Server implements TaskService.
@@ -88,9 +90,16 @@ func (s *Server) CreateTask(ctx context.Context, req *taskrunnerv1.CreateTaskReq
 		s.log.InfoContext(ctx, "task created", "task_id", t.ID, "owner", t.Owner, "repo", t.Repo)
 	}
 	if req.GetDispatch() && created {
-		if t, err = s.dispatcher.DispatchTask(ctx, t.ID); err != nil {
+		d, err := s.dispatcher.DispatchTask(ctx, t.ID)
+		if err != nil {
+			// A refused create stores nothing and leaves the key unused:
+			// the caller may send the same request again later.
+			if _, derr := s.store.DeleteUnstarted(context.WithoutCancel(ctx), t.ID); derr != nil {
+				s.log.ErrorContext(ctx, "could not remove a task whose dispatch was refused", "task_id", t.ID, "error", derr)
+			}
 			return nil, err
 		}
+		t = d
 	}
 	return &taskrunnerv1.CreateTaskResponse{Task: ToProto(t)}, nil
 }
@@ -193,27 +202,41 @@ func (s *Server) DispatchTask(ctx context.Context, req *taskrunnerv1.DispatchTas
 }
 
 // CancelTask implements TaskService. A task that never ran is cancelled here;
-// a running one is handed to DispatchService, which stops its sandbox.
+// a running one (whose sandbox must stop) or one awaiting review (whose pull
+// request is closed with a comment naming who cancelled) is handed to
+// DispatchService. The cancel joins the task's trace.
 func (s *Server) CancelTask(ctx context.Context, req *taskrunnerv1.CancelTaskRequest) (*taskrunnerv1.CancelTaskResponse, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
 	t, err := s.owned(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
+	who := p.Owner
+	if who == "" {
+		who = t.Owner
+	}
+	actor := UserActor(who)
 	reason := strings.TrimSpace(req.GetReason())
 	if reason == "" {
-		reason = "cancelled by " + t.Owner
+		reason = "cancelled by " + who
 	}
-	if t.Status == StatusRunning && s.dispatcher != nil {
-		t, err = s.dispatcher.CancelTask(ctx, t.ID, reason)
-	} else if t.Status == StatusRunning {
+	ctx, span := StartSpan(ctx, t, "task.cancel")
+	defer span.End()
+	switch {
+	case (t.Status == StatusRunning || t.Status == StatusAwaitingReview) && s.dispatcher != nil:
+		t, err = s.dispatcher.CancelTask(ctx, t.ID, reason, actor)
+	case t.Status == StatusRunning:
 		return nil, status.Error(codes.Unimplemented, "cancel: the task is running and no DispatchService is configured")
-	} else {
-		t, _, err = s.store.Advance(ctx, t.ID, t.Owner, Advance{Status: StatusCancelled, FailedReason: reason})
+	default:
+		t, _, err = s.store.Advance(ctx, t.ID, "", Advance{Status: StatusCancelled, FailedReason: reason, Actor: actor})
 	}
 	if err != nil {
 		return nil, err
 	}
-	s.log.InfoContext(ctx, "task cancelled", "task_id", t.ID)
+	s.log.InfoContext(ctx, "task cancelled", "task_id", t.ID, "actor", actor)
 	return &taskrunnerv1.CancelTaskResponse{Task: ToProto(t)}, nil
 }
 
@@ -254,9 +277,22 @@ func (s *Server) AdvanceTask(ctx context.Context, req *taskrunnerv1.AdvanceTaskR
 	if err != nil {
 		return nil, err
 	}
+	if a.Status != "" {
+		// A decision from outside (the webhook's merge or close) joins the
+		// task's trace.
+		if cur, err := s.store.Get(ctx, req.GetTaskId(), req.GetOwner()); err == nil {
+			var span trace.Span
+			ctx, span = StartSpan(ctx, cur, "task.advance")
+			span.SetAttributes(attribute.String("taskrunner.status", string(a.Status)), attribute.String("taskrunner.actor", string(a.Actor)))
+			defer span.End()
+		}
+	}
 	t, applied, err := s.store.Advance(ctx, req.GetTaskId(), req.GetOwner(), a)
 	if err != nil {
 		return nil, err
+	}
+	if applied {
+		t, _ = s.store.Get(ctx, t.ID, "")
 	}
 	return &taskrunnerv1.AdvanceTaskResponse{Task: ToProto(t), Applied: applied}, nil
 }
@@ -267,7 +303,7 @@ func AdvanceFromProto(req *taskrunnerv1.AdvanceTaskRequest) (Advance, error) {
 		return Advance{}, errs.Invalid("seq", "must not be negative")
 	}
 	a := Advance{Seq: req.GetSeq(), RequestID: req.GetRequestId(), PRURL: req.GetPrUrl(), PRNumber: req.GetPrNumber(),
-		FailedReason: req.GetFailedReason(), Heartbeat: req.GetHeartbeat()}
+		FailedReason: req.GetFailedReason(), Heartbeat: req.GetHeartbeat(), Actor: Actor(req.GetActor()), Reason: req.GetReason()}
 	if req.GetStatus() != taskrunnerv1.TaskStatus_TASK_STATUS_UNSPECIFIED {
 		st, ok := statusFromProto[req.GetStatus()]
 		if !ok {
@@ -341,7 +377,8 @@ func ToProto(t Task) *taskrunnerv1.Task {
 		DiffStats: &taskrunnerv1.DiffStats{Additions: t.Diff.Additions, Deletions: t.Diff.Deletions, FilesChanged: t.Diff.FilesChanged},
 		Usage:     &taskrunnerv1.Usage{CostUsd: t.Usage.CostUSD, TokensIn: t.Usage.TokensIn, TokensOut: t.Usage.TokensOut},
 		PrUrl:     t.PRURL, PrNumber: t.PRNumber, FailedReason: t.FailedReason, LastSeq: t.LastSeq, TraceId: t.TraceID,
-		RetryOf:    t.RetryOf,
+		RetryOf:       t.RetryOf,
+		QueuePosition: t.QueuePosition, TimelineSeq: t.TimelineSeq,
 		CreateTime: timestamppb.New(t.CreatedAt),
 		UpdateTime: timestamppb.New(t.UpdatedAt),
 	}
@@ -362,7 +399,7 @@ func FromProto(p *taskrunnerv1.Task) Task {
 		Diff:  DiffStats{p.GetDiffStats().GetAdditions(), p.GetDiffStats().GetDeletions(), p.GetDiffStats().GetFilesChanged()},
 		Usage: Usage{p.GetUsage().GetCostUsd(), p.GetUsage().GetTokensIn(), p.GetUsage().GetTokensOut()},
 		PRURL: p.GetPrUrl(), PRNumber: p.GetPrNumber(), FailedReason: p.GetFailedReason(), LastSeq: p.GetLastSeq(),
-		TraceID: p.GetTraceId(), RetryOf: p.GetRetryOf(),
+		TraceID: p.GetTraceId(), RetryOf: p.GetRetryOf(), QueuePosition: p.GetQueuePosition(), TimelineSeq: p.GetTimelineSeq(),
 		CreatedAt: p.GetCreateTime().AsTime(), UpdatedAt: p.GetUpdateTime().AsTime()}
 	for a, v := range agentToProto {
 		if v == p.GetAgent() {

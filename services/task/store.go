@@ -13,28 +13,50 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/taskrunner/taskrunner/services/errs"
-	"github.com/taskrunner/taskrunner/services/store"
 )
 
-// Store is the tasks table.
+// Store is the tasks table and the task timelines (task_events): the only
+// code that writes either (see the package doc and TestOnlyTaskWritesTasks).
 type Store struct {
 	pool *pgxpool.Pool
+	pub  Publisher // nil: events are stored, not published
 }
 
-// NewStore returns a Store on pool.
+// NewStore returns a Store on pool that publishes nothing; see WithPublisher.
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// WithPublisher returns a Store that publishes every event it appends once
+// its transaction commits.
+func (s *Store) WithPublisher(p Publisher) *Store { return &Store{pool: s.pool, pub: p} }
 
 const taskColumns = `id, owner, repo, base_branch, head_branch, prompt, agent, status, stage,
 	additions, deletions, files_changed, pr_url, pr_number, failed_reason, cost_usd, tokens_in, tokens_out,
 	deadline_at, last_seq, heartbeat_at, trace_id, traceparent, coalesce(retry_of::text, ''), coalesce(idempotency_key, ''),
-	created_at, updated_at`
+	queued_at, created_at, updated_at`
+
+// viewColumns follow taskColumns where a task is shown to a client: the
+// seq of the newest event on its timeline and its place in the queue.
+const viewColumns = `coalesce((SELECT e.seq FROM task_events e WHERE e.task_id = tasks.id ORDER BY e.seq DESC LIMIT 1), 0),
+	CASE WHEN tasks.status = 'queued' THEN (SELECT count(*) FROM tasks q WHERE q.status = 'queued'
+		AND (q.queued_at, q.id) <= (tasks.queued_at, tasks.id)) ELSE 0 END`
 
 func scanTask(row pgx.Row) (Task, error) {
 	var t Task
 	err := row.Scan(&t.ID, &t.Owner, &t.Repo, &t.BaseBranch, &t.HeadBranch, &t.Prompt, &t.Agent, &t.Status, &t.Stage,
 		&t.Diff.Additions, &t.Diff.Deletions, &t.Diff.FilesChanged, &t.PRURL, &t.PRNumber, &t.FailedReason,
 		&t.Usage.CostUSD, &t.Usage.TokensIn, &t.Usage.TokensOut,
-		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.CreatedAt, &t.UpdatedAt)
+		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.QueuedAt, &t.CreatedAt, &t.UpdatedAt)
+	return t, err
+}
+
+// scanView scans taskColumns followed by viewColumns.
+func scanView(row pgx.Row) (Task, error) {
+	var t Task
+	err := row.Scan(&t.ID, &t.Owner, &t.Repo, &t.BaseBranch, &t.HeadBranch, &t.Prompt, &t.Agent, &t.Status, &t.Stage,
+		&t.Diff.Additions, &t.Diff.Deletions, &t.Diff.FilesChanged, &t.PRURL, &t.PRNumber, &t.FailedReason,
+		&t.Usage.CostUSD, &t.Usage.TokensIn, &t.Usage.TokensOut,
+		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.QueuedAt, &t.CreatedAt, &t.UpdatedAt,
+		&t.TimelineSeq, &t.QueuePosition)
 	return t, err
 }
 
@@ -43,7 +65,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, 'proposing', $8, $9, $10, $11)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING ` + taskColumns
 
-const selectByKey = `SELECT ` + taskColumns + ` FROM tasks WHERE owner = $1 AND idempotency_key = $2`
+const selectByKey = `SELECT ` + taskColumns + `, ` + viewColumns + ` FROM tasks WHERE owner = $1 AND idempotency_key = $2`
 
 // Create inserts a task, or returns the task created earlier with the same
 // idempotency key (created = false). A reused key with different parameters
@@ -57,8 +79,19 @@ func (s *Store) Create(ctx context.Context, n NewTask, traceparent string) (t Ta
 	if n.RetryOf != "" {
 		retryOf = &n.RetryOf
 	}
-	t, err = scanTask(s.pool.QueryRow(ctx, insertTask, id, n.Owner, n.Repo, n.BaseBranch, HeadBranch(id), n.Prompt, n.Agent, retryOf, key,
-		traceIDOf(traceparent), traceparent))
+	err = s.InTx(ctx, func(tx *Tx) error {
+		var err error
+		t, err = scanTask(tx.QueryRow(ctx, insertTask, id, n.Owner, n.Repo, n.BaseBranch, HeadBranch(id), n.Prompt, n.Agent, retryOf, key,
+			traceIDOf(traceparent), traceparent))
+		if err != nil {
+			return err
+		}
+		reason := "created"
+		if n.RetryOf != "" {
+			reason = "created as a retry of " + n.RetryOf
+		}
+		return tx.appendStatusChange(ctx, t.ID, "", StatusProposing, reason, UserActor(n.Owner), 0)
+	})
 	if err == nil {
 		return t, true, nil
 	}
@@ -66,7 +99,7 @@ func (s *Store) Create(ctx context.Context, n NewTask, traceparent string) (t Ta
 		return Task{}, false, err
 	}
 	// The key exists: ON CONFLICT DO NOTHING waited for the other insert.
-	t, err = scanTask(s.pool.QueryRow(ctx, selectByKey, n.Owner, n.IdempotencyKey))
+	t, err = scanView(s.pool.QueryRow(ctx, selectByKey, n.Owner, n.IdempotencyKey))
 	if err != nil {
 		return Task{}, false, err
 	}
@@ -76,12 +109,12 @@ func (s *Store) Create(ctx context.Context, n NewTask, traceparent string) (t Ta
 	return t, false, nil
 }
 
-const selectTask = `SELECT ` + taskColumns + ` FROM tasks WHERE id = $1 AND ($2 = '' OR owner = $2)`
+const selectTask = `SELECT ` + taskColumns + `, ` + viewColumns + ` FROM tasks WHERE id = $1 AND ($2 = '' OR owner = $2)`
 
 // Get returns a task; owner "" matches any owner. Another owner's task is
 // NotFound, exactly like a missing one.
 func (s *Store) Get(ctx context.Context, id, owner string) (Task, error) {
-	t, err := scanTask(s.pool.QueryRow(ctx, selectTask, id, owner))
+	t, err := scanView(s.pool.QueryRow(ctx, selectTask, id, owner))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Task{}, errs.NotFound("task", id)
 	}
@@ -120,7 +153,7 @@ func decodeCursor(tok string) (*cursor, error) {
 	return &c, nil
 }
 
-const listTasks = `SELECT ` + taskColumns + ` FROM tasks
+const listTasks = `SELECT ` + taskColumns + `, ` + viewColumns + ` FROM tasks
 WHERE owner = $1
   AND ($2 = '' OR status = $2)
   AND ($3 = '' OR repo = $3)
@@ -143,7 +176,7 @@ func (s *Store) List(ctx context.Context, owner string, f Filter, pageSize int, 
 	if err != nil {
 		return nil, "", err
 	}
-	tasks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return scanTask(r) })
+	tasks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return scanView(r) })
 	if err != nil {
 		return nil, "", err
 	}
@@ -170,19 +203,19 @@ RETURNING ` + taskColumns
 
 // Advance applies a transition atomically and idempotently: a repeated Seq or
 // RequestID returns the current task with applied = false and changes nothing.
+// A status change appends its status_change event in the same transaction.
 func (s *Store) Advance(ctx context.Context, id, owner string, a Advance) (t Task, applied bool, err error) {
-	err = store.WithTx(ctx, s.pool, pgx.ReadCommitted, func(tx pgx.Tx) error {
+	err = s.InTx(ctx, func(tx *Tx) error {
 		var err error
-		applied = false
-		t, applied, err = AdvanceTx(ctx, tx, id, owner, a)
+		t, applied, err = tx.Advance(ctx, id, owner, a)
 		return err
 	})
 	return t, applied, err
 }
 
-// AdvanceTx is Advance inside the caller's transaction, so other services
-// (Events, Dispatch) can commit a transition with their own rows.
-func AdvanceTx(ctx context.Context, tx pgx.Tx, id, owner string, a Advance) (Task, bool, error) {
+// Advance is Store.Advance inside tx, so other services (Dispatch) can commit
+// a transition with their own rows.
+func (tx *Tx) Advance(ctx context.Context, id, owner string, a Advance) (Task, bool, error) {
 	cur, err := scanTask(tx.QueryRow(ctx, lockTask, id, owner))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Task{}, false, errs.NotFound("task", id)
@@ -215,6 +248,11 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, id, owner string, a Advance) (Tas
 	out, err := scanTask(tx.QueryRow(ctx, updateAdvance, saveArgs(n, a.Seq, a.Heartbeat)...))
 	if err != nil {
 		return Task{}, false, err
+	}
+	if out.Status != cur.Status {
+		if err := tx.statusChanged(ctx, cur, out, a); err != nil {
+			return Task{}, false, err
+		}
 	}
 	return out, true, nil
 }

@@ -220,7 +220,10 @@ type CancelRequest struct {
 	// Task id.
 	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	// Reason for the cancellation.
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who asked for it, for the task's timeline ("user:<owner>"; default
+	// "dispatch").
+	Actor         string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -265,6 +268,13 @@ func (x *CancelRequest) GetTaskId() string {
 func (x *CancelRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *CancelRequest) GetActor() string {
+	if x != nil {
+		return x.Actor
 	}
 	return ""
 }
@@ -434,10 +444,11 @@ const file_taskrunner_v1_dispatch_proto_rawDesc = "" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\"m\n" +
 	"\x10DispatchResponse\x12'\n" +
 	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\x120\n" +
-	"\asandbox\x18\x02 \x01(\v2\x16.taskrunner.v1.SandboxR\asandbox\"@\n" +
+	"\asandbox\x18\x02 \x01(\v2\x16.taskrunner.v1.SandboxR\asandbox\"V\n" +
 	"\rCancelRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"9\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05actor\x18\x03 \x01(\tR\x05actor\"9\n" +
 	"\x0eCancelResponse\x12'\n" +
 	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\"\\\n" +
 	"\x14ListSandboxesRequest\x12\x17\n" +

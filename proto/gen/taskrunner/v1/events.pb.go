@@ -537,9 +537,16 @@ func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
 }
 
 // Event is one thing that happened to a task.
+//
+// Sequence numbers: on Connect, seq is the runner's own counter (1, 2, 3 …
+// over the runner's events only), which the server uses to deduplicate
+// resends. Stored events form one gap-free timeline per task that also holds
+// the control plane's events (status_change, queue_position), so on
+// Subscribe, ListEvents and SSE seq is the timeline position (the SSE id).
+// Welcome.last_persisted_seq is in runner seqs.
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Per-task sequence number, 1, 2, 3 …
+	// Per-task sequence number, 1, 2, 3 … (see above).
 	Seq int64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	// When it happened, by the sender's clock.
 	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
@@ -554,6 +561,9 @@ type Event struct {
 	//	*Event_Completed
 	//	*Event_Failed
 	//	*Event_Cancelled
+	//	*Event_StatusChange
+	//	*Event_QueuePosition
+	//	*Event_Sandbox
 	Payload       isEvent_Payload `protobuf_oneof:"payload"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -673,6 +683,33 @@ func (x *Event) GetCancelled() *Cancelled {
 	return nil
 }
 
+func (x *Event) GetStatusChange() *StatusChange {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_StatusChange); ok {
+			return x.StatusChange
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetQueuePosition() *QueuePosition {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_QueuePosition); ok {
+			return x.QueuePosition
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetSandbox() *SandboxState {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_Sandbox); ok {
+			return x.Sandbox
+		}
+	}
+	return nil
+}
+
 type isEvent_Payload interface {
 	isEvent_Payload()
 }
@@ -712,6 +749,24 @@ type Event_Cancelled struct {
 	Cancelled *Cancelled `protobuf:"bytes,16,opt,name=cancelled,proto3,oneof"`
 }
 
+type Event_StatusChange struct {
+	// The task's status changed, whoever decided it. Only the control plane
+	// writes these (a runner that sends one is refused); a status_change
+	// whose `to` is terminal (done, failed, cancelled) is the last event of
+	// the task's timeline.
+	StatusChange *StatusChange `protobuf:"bytes,17,opt,name=status_change,json=statusChange,proto3,oneof"`
+}
+
+type Event_QueuePosition struct {
+	// A queued task's place in the dispatch queue changed.
+	QueuePosition *QueuePosition `protobuf:"bytes,18,opt,name=queue_position,json=queuePosition,proto3,oneof"`
+}
+
+type Event_Sandbox struct {
+	// The task's sandbox started, failed to start, or was destroyed.
+	Sandbox *SandboxState `protobuf:"bytes,19,opt,name=sandbox,proto3,oneof"`
+}
+
 func (*Event_StageChange) isEvent_Payload() {}
 
 func (*Event_Log) isEvent_Payload() {}
@@ -726,6 +781,214 @@ func (*Event_Failed) isEvent_Payload() {}
 
 func (*Event_Cancelled) isEvent_Payload() {}
 
+func (*Event_StatusChange) isEvent_Payload() {}
+
+func (*Event_QueuePosition) isEvent_Payload() {}
+
+func (*Event_Sandbox) isEvent_Payload() {}
+
+// SandboxState is a change of the task's sandbox, written by Dispatch.
+type SandboxState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "started", "failed" or "destroyed".
+	State string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// Provider name (process, docker, fly, kubernetes, boxlite).
+	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The provider's id of the sandbox, when it has one.
+	SandboxId string `protobuf:"bytes,3,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Why (failures and destruction).
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxState) Reset() {
+	*x = SandboxState{}
+	mi := &file_taskrunner_v1_events_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxState) ProtoMessage() {}
+
+func (x *SandboxState) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_events_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxState.ProtoReflect.Descriptor instead.
+func (*SandboxState) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SandboxState) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *SandboxState) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *SandboxState) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxState) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// StatusChange is one status transition on the task's timeline, appended in
+// the same transaction as the task row's change.
+type StatusChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Status before.
+	From TaskStatus `protobuf:"varint,1,opt,name=from,proto3,enum=taskrunner.v1.TaskStatus" json:"from,omitempty"`
+	// Status after.
+	To TaskStatus `protobuf:"varint,2,opt,name=to,proto3,enum=taskrunner.v1.TaskStatus" json:"to,omitempty"`
+	// Why (at most 1 KiB, secrets redacted), e.g. "timeout", "pull request merged".
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who decided it: "user:<owner>", "runner", "reaper", "github" or "dispatch".
+	Actor string `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
+	// 1-based position in the dispatch queue when `to` is QUEUED.
+	QueuePosition int64 `protobuf:"varint,5,opt,name=queue_position,json=queuePosition,proto3" json:"queue_position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusChange) Reset() {
+	*x = StatusChange{}
+	mi := &file_taskrunner_v1_events_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusChange) ProtoMessage() {}
+
+func (x *StatusChange) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_events_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusChange.ProtoReflect.Descriptor instead.
+func (*StatusChange) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *StatusChange) GetFrom() TaskStatus {
+	if x != nil {
+		return x.From
+	}
+	return TaskStatus_TASK_STATUS_UNSPECIFIED
+}
+
+func (x *StatusChange) GetTo() TaskStatus {
+	if x != nil {
+		return x.To
+	}
+	return TaskStatus_TASK_STATUS_UNSPECIFIED
+}
+
+func (x *StatusChange) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *StatusChange) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *StatusChange) GetQueuePosition() int64 {
+	if x != nil {
+		return x.QueuePosition
+	}
+	return 0
+}
+
+// QueuePosition is a queued task's new place in the dispatch queue.
+type QueuePosition struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1-based position (1: next to start when capacity frees).
+	Position      int64 `protobuf:"varint,1,opt,name=position,proto3" json:"position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueuePosition) Reset() {
+	*x = QueuePosition{}
+	mi := &file_taskrunner_v1_events_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueuePosition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueuePosition) ProtoMessage() {}
+
+func (x *QueuePosition) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_events_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueuePosition.ProtoReflect.Descriptor instead.
+func (*QueuePosition) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *QueuePosition) GetPosition() int64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
 // StageChange reports the stage the agent entered.
 type StageChange struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -739,7 +1002,7 @@ type StageChange struct {
 
 func (x *StageChange) Reset() {
 	*x = StageChange{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[8]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +1014,7 @@ func (x *StageChange) String() string {
 func (*StageChange) ProtoMessage() {}
 
 func (x *StageChange) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[8]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +1027,7 @@ func (x *StageChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageChange.ProtoReflect.Descriptor instead.
 func (*StageChange) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{8}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StageChange) GetStage() TaskStage {
@@ -794,7 +1057,7 @@ type Log struct {
 
 func (x *Log) Reset() {
 	*x = Log{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[9]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +1069,7 @@ func (x *Log) String() string {
 func (*Log) ProtoMessage() {}
 
 func (x *Log) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[9]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +1082,7 @@ func (x *Log) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Log.ProtoReflect.Descriptor instead.
 func (*Log) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{9}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Log) GetLines() []string {
@@ -849,7 +1112,7 @@ type Completed struct {
 
 func (x *Completed) Reset() {
 	*x = Completed{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[10]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +1124,7 @@ func (x *Completed) String() string {
 func (*Completed) ProtoMessage() {}
 
 func (x *Completed) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[10]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +1137,7 @@ func (x *Completed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completed.ProtoReflect.Descriptor instead.
 func (*Completed) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{10}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Completed) GetPrUrl() string {
@@ -906,7 +1169,7 @@ type Failed struct {
 
 func (x *Failed) Reset() {
 	*x = Failed{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[11]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1181,7 @@ func (x *Failed) String() string {
 func (*Failed) ProtoMessage() {}
 
 func (x *Failed) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[11]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1194,7 @@ func (x *Failed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failed.ProtoReflect.Descriptor instead.
 func (*Failed) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{11}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Failed) GetReason() string {
@@ -966,7 +1229,7 @@ type Cancelled struct {
 
 func (x *Cancelled) Reset() {
 	*x = Cancelled{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[12]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1241,7 @@ func (x *Cancelled) String() string {
 func (*Cancelled) ProtoMessage() {}
 
 func (x *Cancelled) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[12]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1254,7 @@ func (x *Cancelled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancelled.ProtoReflect.Descriptor instead.
 func (*Cancelled) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{12}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Cancelled) GetReason() string {
@@ -1014,7 +1277,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[13]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1289,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[13]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1302,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{13}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SubscribeRequest) GetTaskId() string {
@@ -1069,7 +1332,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[14]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1081,7 +1344,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[14]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1094,7 +1357,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{14}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SubscribeResponse) GetTaskId() string {
@@ -1128,7 +1391,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[15]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1403,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[15]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1416,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{15}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListEventsRequest) GetTaskId() string {
@@ -1197,7 +1460,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[16]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1472,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[16]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1485,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{16}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -1266,7 +1529,7 @@ const file_taskrunner_v1_events_proto_rawDesc = "" +
 	"\x06Cancel\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\";\n" +
 	"\tHeartbeat\x12.\n" +
-	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xcb\x03\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\x8f\x05\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12?\n" +
@@ -1278,8 +1541,25 @@ const file_taskrunner_v1_events_proto_rawDesc = "" +
 	"\x05usage\x18\r \x01(\v2\x14.taskrunner.v1.UsageH\x00R\x05usage\x128\n" +
 	"\tcompleted\x18\x0e \x01(\v2\x18.taskrunner.v1.CompletedH\x00R\tcompleted\x12/\n" +
 	"\x06failed\x18\x0f \x01(\v2\x15.taskrunner.v1.FailedH\x00R\x06failed\x128\n" +
-	"\tcancelled\x18\x10 \x01(\v2\x18.taskrunner.v1.CancelledH\x00R\tcancelledB\t\n" +
-	"\apayload\"U\n" +
+	"\tcancelled\x18\x10 \x01(\v2\x18.taskrunner.v1.CancelledH\x00R\tcancelled\x12B\n" +
+	"\rstatus_change\x18\x11 \x01(\v2\x1b.taskrunner.v1.StatusChangeH\x00R\fstatusChange\x12E\n" +
+	"\x0equeue_position\x18\x12 \x01(\v2\x1c.taskrunner.v1.QueuePositionH\x00R\rqueuePosition\x127\n" +
+	"\asandbox\x18\x13 \x01(\v2\x1b.taskrunner.v1.SandboxStateH\x00R\asandboxB\t\n" +
+	"\apayload\"w\n" +
+	"\fSandboxState\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x1a\n" +
+	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x03 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xbd\x01\n" +
+	"\fStatusChange\x12-\n" +
+	"\x04from\x18\x01 \x01(\x0e2\x19.taskrunner.v1.TaskStatusR\x04from\x12)\n" +
+	"\x02to\x18\x02 \x01(\x0e2\x19.taskrunner.v1.TaskStatusR\x02to\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05actor\x18\x04 \x01(\tR\x05actor\x12%\n" +
+	"\x0equeue_position\x18\x05 \x01(\x03R\rqueuePosition\"+\n" +
+	"\rQueuePosition\x12\x1a\n" +
+	"\bposition\x18\x01 \x01(\x03R\bposition\"U\n" +
 	"\vStageChange\x12.\n" +
 	"\x05stage\x18\x01 \x01(\x0e2\x18.taskrunner.v1.TaskStageR\x05stage\x12\x16\n" +
 	"\x06change\x18\x02 \x01(\tR\x06change\"K\n" +
@@ -1332,7 +1612,7 @@ func file_taskrunner_v1_events_proto_rawDescGZIP() []byte {
 }
 
 var file_taskrunner_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_taskrunner_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_taskrunner_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_taskrunner_v1_events_proto_goTypes = []any{
 	(ProtocolVersion)(0),          // 0: taskrunner.v1.ProtocolVersion
 	(*ConnectRequest)(nil),        // 1: taskrunner.v1.ConnectRequest
@@ -1343,19 +1623,23 @@ var file_taskrunner_v1_events_proto_goTypes = []any{
 	(*Cancel)(nil),                // 6: taskrunner.v1.Cancel
 	(*Heartbeat)(nil),             // 7: taskrunner.v1.Heartbeat
 	(*Event)(nil),                 // 8: taskrunner.v1.Event
-	(*StageChange)(nil),           // 9: taskrunner.v1.StageChange
-	(*Log)(nil),                   // 10: taskrunner.v1.Log
-	(*Completed)(nil),             // 11: taskrunner.v1.Completed
-	(*Failed)(nil),                // 12: taskrunner.v1.Failed
-	(*Cancelled)(nil),             // 13: taskrunner.v1.Cancelled
-	(*SubscribeRequest)(nil),      // 14: taskrunner.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),     // 15: taskrunner.v1.SubscribeResponse
-	(*ListEventsRequest)(nil),     // 16: taskrunner.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),    // 17: taskrunner.v1.ListEventsResponse
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(*DiffStats)(nil),             // 19: taskrunner.v1.DiffStats
-	(*Usage)(nil),                 // 20: taskrunner.v1.Usage
-	(TaskStage)(0),                // 21: taskrunner.v1.TaskStage
+	(*SandboxState)(nil),          // 9: taskrunner.v1.SandboxState
+	(*StatusChange)(nil),          // 10: taskrunner.v1.StatusChange
+	(*QueuePosition)(nil),         // 11: taskrunner.v1.QueuePosition
+	(*StageChange)(nil),           // 12: taskrunner.v1.StageChange
+	(*Log)(nil),                   // 13: taskrunner.v1.Log
+	(*Completed)(nil),             // 14: taskrunner.v1.Completed
+	(*Failed)(nil),                // 15: taskrunner.v1.Failed
+	(*Cancelled)(nil),             // 16: taskrunner.v1.Cancelled
+	(*SubscribeRequest)(nil),      // 17: taskrunner.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),     // 18: taskrunner.v1.SubscribeResponse
+	(*ListEventsRequest)(nil),     // 19: taskrunner.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 20: taskrunner.v1.ListEventsResponse
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*DiffStats)(nil),             // 22: taskrunner.v1.DiffStats
+	(*Usage)(nil),                 // 23: taskrunner.v1.Usage
+	(TaskStatus)(0),               // 24: taskrunner.v1.TaskStatus
+	(TaskStage)(0),                // 25: taskrunner.v1.TaskStage
 }
 var file_taskrunner_v1_events_proto_depIdxs = []int32{
 	3,  // 0: taskrunner.v1.ConnectRequest.hello:type_name -> taskrunner.v1.Hello
@@ -1365,30 +1649,35 @@ var file_taskrunner_v1_events_proto_depIdxs = []int32{
 	5,  // 4: taskrunner.v1.ConnectResponse.ack:type_name -> taskrunner.v1.Ack
 	6,  // 5: taskrunner.v1.ConnectResponse.cancel:type_name -> taskrunner.v1.Cancel
 	0,  // 6: taskrunner.v1.Hello.protocol_version:type_name -> taskrunner.v1.ProtocolVersion
-	18, // 7: taskrunner.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	18, // 8: taskrunner.v1.Event.time:type_name -> google.protobuf.Timestamp
-	9,  // 9: taskrunner.v1.Event.stage_change:type_name -> taskrunner.v1.StageChange
-	10, // 10: taskrunner.v1.Event.log:type_name -> taskrunner.v1.Log
-	19, // 11: taskrunner.v1.Event.diff_stats:type_name -> taskrunner.v1.DiffStats
-	20, // 12: taskrunner.v1.Event.usage:type_name -> taskrunner.v1.Usage
-	11, // 13: taskrunner.v1.Event.completed:type_name -> taskrunner.v1.Completed
-	12, // 14: taskrunner.v1.Event.failed:type_name -> taskrunner.v1.Failed
-	13, // 15: taskrunner.v1.Event.cancelled:type_name -> taskrunner.v1.Cancelled
-	21, // 16: taskrunner.v1.StageChange.stage:type_name -> taskrunner.v1.TaskStage
-	21, // 17: taskrunner.v1.Log.stage:type_name -> taskrunner.v1.TaskStage
-	8,  // 18: taskrunner.v1.SubscribeResponse.event:type_name -> taskrunner.v1.Event
-	8,  // 19: taskrunner.v1.ListEventsResponse.events:type_name -> taskrunner.v1.Event
-	1,  // 20: taskrunner.v1.EventsService.Connect:input_type -> taskrunner.v1.ConnectRequest
-	14, // 21: taskrunner.v1.EventsService.Subscribe:input_type -> taskrunner.v1.SubscribeRequest
-	16, // 22: taskrunner.v1.EventsService.ListEvents:input_type -> taskrunner.v1.ListEventsRequest
-	2,  // 23: taskrunner.v1.EventsService.Connect:output_type -> taskrunner.v1.ConnectResponse
-	15, // 24: taskrunner.v1.EventsService.Subscribe:output_type -> taskrunner.v1.SubscribeResponse
-	17, // 25: taskrunner.v1.EventsService.ListEvents:output_type -> taskrunner.v1.ListEventsResponse
-	23, // [23:26] is the sub-list for method output_type
-	20, // [20:23] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	21, // 7: taskrunner.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	21, // 8: taskrunner.v1.Event.time:type_name -> google.protobuf.Timestamp
+	12, // 9: taskrunner.v1.Event.stage_change:type_name -> taskrunner.v1.StageChange
+	13, // 10: taskrunner.v1.Event.log:type_name -> taskrunner.v1.Log
+	22, // 11: taskrunner.v1.Event.diff_stats:type_name -> taskrunner.v1.DiffStats
+	23, // 12: taskrunner.v1.Event.usage:type_name -> taskrunner.v1.Usage
+	14, // 13: taskrunner.v1.Event.completed:type_name -> taskrunner.v1.Completed
+	15, // 14: taskrunner.v1.Event.failed:type_name -> taskrunner.v1.Failed
+	16, // 15: taskrunner.v1.Event.cancelled:type_name -> taskrunner.v1.Cancelled
+	10, // 16: taskrunner.v1.Event.status_change:type_name -> taskrunner.v1.StatusChange
+	11, // 17: taskrunner.v1.Event.queue_position:type_name -> taskrunner.v1.QueuePosition
+	9,  // 18: taskrunner.v1.Event.sandbox:type_name -> taskrunner.v1.SandboxState
+	24, // 19: taskrunner.v1.StatusChange.from:type_name -> taskrunner.v1.TaskStatus
+	24, // 20: taskrunner.v1.StatusChange.to:type_name -> taskrunner.v1.TaskStatus
+	25, // 21: taskrunner.v1.StageChange.stage:type_name -> taskrunner.v1.TaskStage
+	25, // 22: taskrunner.v1.Log.stage:type_name -> taskrunner.v1.TaskStage
+	8,  // 23: taskrunner.v1.SubscribeResponse.event:type_name -> taskrunner.v1.Event
+	8,  // 24: taskrunner.v1.ListEventsResponse.events:type_name -> taskrunner.v1.Event
+	1,  // 25: taskrunner.v1.EventsService.Connect:input_type -> taskrunner.v1.ConnectRequest
+	17, // 26: taskrunner.v1.EventsService.Subscribe:input_type -> taskrunner.v1.SubscribeRequest
+	19, // 27: taskrunner.v1.EventsService.ListEvents:input_type -> taskrunner.v1.ListEventsRequest
+	2,  // 28: taskrunner.v1.EventsService.Connect:output_type -> taskrunner.v1.ConnectResponse
+	18, // 29: taskrunner.v1.EventsService.Subscribe:output_type -> taskrunner.v1.SubscribeResponse
+	20, // 30: taskrunner.v1.EventsService.ListEvents:output_type -> taskrunner.v1.ListEventsResponse
+	28, // [28:31] is the sub-list for method output_type
+	25, // [25:28] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_taskrunner_v1_events_proto_init() }
@@ -1415,6 +1704,9 @@ func file_taskrunner_v1_events_proto_init() {
 		(*Event_Completed)(nil),
 		(*Event_Failed)(nil),
 		(*Event_Cancelled)(nil),
+		(*Event_StatusChange)(nil),
+		(*Event_QueuePosition)(nil),
+		(*Event_Sandbox)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1422,7 +1714,7 @@ func file_taskrunner_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskrunner_v1_events_proto_rawDesc), len(file_taskrunner_v1_events_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -371,7 +371,7 @@ type Task struct {
 	FailedReason string `protobuf:"bytes,14,opt,name=failed_reason,json=failedReason,proto3" json:"failed_reason,omitempty"`
 	// Hard deadline of the running task.
 	DeadlineTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=deadline_time,json=deadlineTime,proto3" json:"deadline_time,omitempty"`
-	// Sequence number of the last event applied to the task.
+	// Runner sequence number of the last runner event applied to the task.
 	LastSeq int64 `protobuf:"varint,16,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
 	// Last heartbeat from the runner.
 	HeartbeatTime *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=heartbeat_time,json=heartbeatTime,proto3" json:"heartbeat_time,omitempty"`
@@ -382,7 +382,12 @@ type Task struct {
 	// When the task was created.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When the task last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// 1-based position in the dispatch queue while queued (0 otherwise).
+	QueuePosition int64 `protobuf:"varint,22,opt,name=queue_position,json=queuePosition,proto3" json:"queue_position,omitempty"`
+	// Sequence number of the last event on the task's timeline (the SSE id
+	// of its newest event).
+	TimelineSeq   int64 `protobuf:"varint,23,opt,name=timeline_seq,json=timelineSeq,proto3" json:"timeline_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -562,6 +567,20 @@ func (x *Task) GetUpdateTime() *timestamppb.Timestamp {
 		return x.UpdateTime
 	}
 	return nil
+}
+
+func (x *Task) GetQueuePosition() int64 {
+	if x != nil {
+		return x.QueuePosition
+	}
+	return 0
+}
+
+func (x *Task) GetTimelineSeq() int64 {
+	if x != nil {
+		return x.TimelineSeq
+	}
+	return 0
 }
 
 // CreateTaskRequest describes a new task.
@@ -1243,7 +1262,12 @@ type AdvanceTaskRequest struct {
 	// Refresh the heartbeat time.
 	Heartbeat bool `protobuf:"varint,11,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
 	// Only apply when the task's owner is this (empty: any owner).
-	Owner         string `protobuf:"bytes,12,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,12,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Who decided the transition, for the task's timeline: "github" for the
+	// webhook, "reaper", "dispatch" or "user:<owner>". Default "dispatch".
+	Actor string `protobuf:"bytes,13,opt,name=actor,proto3" json:"actor,omitempty"`
+	// Why, for the timeline's status_change (default failed_reason).
+	Reason        string `protobuf:"bytes,14,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1362,6 +1386,20 @@ func (x *AdvanceTaskRequest) GetOwner() string {
 	return ""
 }
 
+func (x *AdvanceTaskRequest) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *AdvanceTaskRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // AdvanceTaskResponse carries the task after the transition.
 type AdvanceTaskResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1430,7 +1468,7 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\bcost_usd\x18\x01 \x01(\x01R\acostUsd\x12\x1b\n" +
 	"\ttokens_in\x18\x02 \x01(\x03R\btokensIn\x12\x1d\n" +
 	"\n" +
-	"tokens_out\x18\x03 \x01(\x03R\ttokensOut\"\xb6\x06\n" +
+	"tokens_out\x18\x03 \x01(\x03R\ttokensOut\"\x80\a\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x12\n" +
@@ -1458,7 +1496,9 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\vcreate_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xc7\x01\n" +
+	"updateTime\x12%\n" +
+	"\x0equeue_position\x18\x16 \x01(\x03R\rqueuePosition\x12!\n" +
+	"\ftimeline_seq\x18\x17 \x01(\x03R\vtimelineSeq\"\xc7\x01\n" +
 	"\x11CreateTaskRequest\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x1f\n" +
 	"\vbase_branch\x18\x02 \x01(\tR\n" +
@@ -1497,7 +1537,7 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\"<\n" +
 	"\x11RetryTaskResponse\x12'\n" +
-	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\"\xb3\x03\n" +
+	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\"\xe1\x03\n" +
 	"\x12AdvanceTaskRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x1d\n" +
@@ -1513,7 +1553,9 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\rfailed_reason\x18\n" +
 	" \x01(\tR\ffailedReason\x12\x1c\n" +
 	"\theartbeat\x18\v \x01(\bR\theartbeat\x12\x14\n" +
-	"\x05owner\x18\f \x01(\tR\x05owner\"X\n" +
+	"\x05owner\x18\f \x01(\tR\x05owner\x12\x14\n" +
+	"\x05actor\x18\r \x01(\tR\x05actor\x12\x16\n" +
+	"\x06reason\x18\x0e \x01(\tR\x06reason\"X\n" +
 	"\x13AdvanceTaskResponse\x12'\n" +
 	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\x12\x18\n" +
 	"\aapplied\x18\x02 \x01(\bR\aapplied*\xdf\x01\n" +
