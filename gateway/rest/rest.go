@@ -8,18 +8,16 @@ import (
 	"log/slog"
 	"net/http"
 	"net/textproto"
-	"strconv"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/taskrunner/taskrunner/gateway/httperr"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/proto/openapi"
 )
@@ -33,9 +31,45 @@ type Options struct {
 	Events       *grpc.ClientConn
 	MaxBodyBytes int64
 	Logger       *slog.Logger
-	// Extra routes (SSE, webhook, console) mounted next to the API.
+	// Extra routes (SSE, console) mounted next to the API, under its body
+	// limit and CORS.
 	Extra map[string]http.Handler
+	// Unlimited routes (the webhook, /metrics) are mounted outside the
+	// body limit and CORS: the webhook has a limit of its own, and neither
+	// is for browsers.
+	Unlimited map[string]http.Handler
+	// CORS for browser pages of other origins; off when empty.
+	CORS CORS
 }
+
+// services are the gRPC services the REST API exposes (their HTTP rules
+// are in proto/taskrunner/v1/taskrunner_http.yaml); name is the prefix of
+// their operationIds in the OpenAPI document.
+var services = []struct {
+	name     string
+	conn     func(Options) *grpc.ClientConn
+	register func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error
+}{
+	{"TaskService", func(o Options) *grpc.ClientConn { return o.Task }, taskrunnerv1.RegisterTaskServiceHandler},
+	{"EventsService", func(o Options) *grpc.ClientConn { return o.Events }, taskrunnerv1.RegisterEventsServiceHandler},
+}
+
+// Server is the gateway's whole HTTP handler.
+type Server struct {
+	handler  http.Handler
+	doc      []byte
+	patterns []string
+}
+
+// ServeHTTP serves every route of the gateway.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// OpenAPI is the document served at /openapi.json.
+func (s *Server) OpenAPI() []byte { return s.doc }
+
+// Patterns lists the ServeMux patterns mounted next to the gRPC routes
+// (which the document lists from the HTTP rules), sorted.
+func (s *Server) Patterns() []string { return s.patterns }
 
 // headerToMetadata forwards the headers services read; grpc-gateway already
 // forwards Authorization.
@@ -49,46 +83,116 @@ func headerToMetadata(key string) (string, bool) {
 	return runtime.DefaultHeaderMatcher(key)
 }
 
-// Handler returns the gateway's whole HTTP handler.
+// Handler returns the gateway's whole HTTP handler (a *Server).
+//
+// Order of the layers, outermost first: request id → the unlimited routes
+// → CORS → body limit → routes (SSE, health, console, OpenAPI, and the
+// gRPC routes behind a check of the document) → a catch-all that answers
+// 404 or 405 in the API's error shape.
 func Handler(ctx context.Context, o Options) (http.Handler, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := o.CORS.Validate(); err != nil {
+		return nil, err
+	}
+	var lost http.Handler // the 404/405 handler, once the document is built
 	gw := runtime.NewServeMux(
 		runtime.WithIncomingHeaderMatcher(headerToMetadata),
-		runtime.WithOutgoingHeaderMatcher(func(k string) (string, bool) {
-			if k == "x-request-id" {
-				return "", false // set by our middleware already
-			}
-			return runtime.DefaultHeaderMatcher(k)
-		}),
+		// Nothing of the services' response metadata becomes an HTTP
+		// header (x-request-id is set by our middleware already; grpc
+		// content-type would leak as Grpcgateway-Content-Type).
+		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
+		runtime.WithOutgoingTrailerMatcher(func(string) (string, bool) { return "", false }),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}),
-		runtime.WithErrorHandler(errorHandler),
-		runtime.WithRoutingErrorHandler(routingErrorHandler),
+		runtime.WithErrorHandler(errorHandler(o.MaxBodyBytes, o.Logger)),
+		// guard sends grpc-gateway only routes it has, so this is a
+		// safety net that answers like everything else.
+		runtime.WithRoutingErrorHandler(func(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, _ int) {
+			lost.ServeHTTP(w, r)
+		}),
+		// A form-encoded POST must not fall back to a GET route: that
+		// made POST /v1/tasks/{id}:frobnicate a GetTask of "{id}:frobnicate".
+		runtime.WithDisablePathLengthFallback(),
+		runtime.WithDisableHTTPMethodOverride(),
 	)
-	if err := taskrunnerv1.RegisterTaskServiceHandler(ctx, gw, o.Task); err != nil {
-		return nil, err
-	}
-	if o.Events != nil {
-		if err := taskrunnerv1.RegisterEventsServiceHandler(ctx, gw, o.Events); err != nil {
+	registered := map[string]bool{}
+	for _, s := range services {
+		conn := s.conn(o)
+		if conn == nil {
+			continue
+		}
+		if err := s.register(ctx, gw, conn); err != nil {
 			return nil, err
 		}
+		registered[s.name] = true
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", gw)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	if !registered["TaskService"] {
+		return nil, errors.New("rest: Options.Task is required")
+	}
+
+	inner := http.NewServeMux()
+	patterns := map[string]bool{}
+	mount := func(mux *http.ServeMux, pattern string, h http.Handler) {
+		mux.Handle(pattern, h)
+		patterns[pattern] = true
+	}
+	mount(inner, "GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
-	})
-	mux.HandleFunc("GET /readyz", readyz(o.Task))
-	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(openapi.JSON)
-	})
-	for pattern, h := range o.Extra {
-		mux.Handle(pattern, h)
+	}))
+	mount(inner, "GET /readyz", readyz(o.Task))
+	for p, h := range o.Extra {
+		mount(inner, p, h)
 	}
-	return requestID(bodyLimit(o.MaxBodyBytes, mux)), nil
+	outer := http.NewServeMux()
+	for p, h := range o.Unlimited {
+		mount(outer, p, h)
+	}
+	patterns["GET /openapi.json"] = true
+	doc, err := document(openapi.JSON, overlay, registered, patterns)
+	if err != nil {
+		return nil, err
+	}
+	routes, err := newRouteTable(doc)
+	if err != nil {
+		return nil, err
+	}
+	inner.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(doc)
+	})
+	lost = notFound(routes)
+	inner.Handle("/v1/", guard(routes, gw, lost))
+	inner.Handle("/", lost)
+	outer.Handle("/", o.CORS.handler(bodyLimit(o.MaxBodyBytes, inner)))
+
+	s := &Server{handler: requestID(outer), doc: doc}
+	for p := range patterns {
+		s.patterns = append(s.patterns, p)
+	}
+	sort.Strings(s.patterns)
+	return s, nil
+}
+
+// guard passes to grpc-gateway only the paths and methods the document
+// lists, and answers the rest itself: an unknown custom method such as
+// POST /v1/tasks/{id}:frobnicate is 404 (grpc-gateway would call it a 405
+// of GET /v1/tasks/{id}, or a GetTask of "{id}:frobnicate").
+func guard(routes *routeTable, gw *runtime.ServeMux, lost http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		allow := routes.allowed(r.URL.EscapedPath())
+		for _, m := range allow {
+			if m == r.Method {
+				gw.ServeHTTP(w, r)
+				return
+			}
+		}
+		lost.ServeHTTP(w, r)
+	})
 }
 
 func readyz(conn *grpc.ClientConn) http.HandlerFunc {
@@ -117,7 +221,7 @@ func newRequestID() string {
 func requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get(RequestIDHeader)
-		if id == "" || len(id) > 128 {
+		if id == "" || len(id) > 128 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
 			id = newRequestID()
 			r.Header.Set(RequestIDHeader, id)
 		}
@@ -131,8 +235,7 @@ func requestID(next http.Handler) http.Handler {
 func bodyLimit(max int64, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > max {
-			writeError(w, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
-				"request body is "+strconv.FormatInt(r.ContentLength, 10)+" bytes; the limit is "+strconv.FormatInt(max, 10))
+			httperr.WriteHTTP(w, http.StatusRequestEntityTooLarge, httperr.TooLarge(max, r.ContentLength))
 			return
 		}
 		if r.Body != nil {
@@ -140,55 +243,4 @@ func bodyLimit(max int64, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-func writeError(w http.ResponseWriter, httpStatus int, code codes.Code, msg string) {
-	st := status.New(code, msg)
-	b, _ := protojson.Marshal(st.Proto())
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(httpStatus)
-	_, _ = w.Write(b)
-}
-
-// errorHandler writes {code, message, details} with the HTTP status of the
-// gRPC code, a Retry-After header on quota errors, and 413 for bodies that
-// turned out too large while being read.
-func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) || strings.Contains(err.Error(), "http: request body too large") {
-		writeError(w, http.StatusRequestEntityTooLarge, codes.InvalidArgument, "request body exceeds the size limit")
-		return
-	}
-	if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
-		for _, d := range st.Details() {
-			if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetMetadata()["retry_after_seconds"] != "" {
-				w.Header().Set("Retry-After", info.GetMetadata()["retry_after_seconds"])
-			}
-		}
-	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, &challengeWriter{ResponseWriter: w}, r, err)
-}
-
-// challengeWriter replaces the WWW-Authenticate value grpc-gateway derives
-// from the status message with a proper Bearer challenge (RFC 6750).
-type challengeWriter struct{ http.ResponseWriter }
-
-func (c *challengeWriter) WriteHeader(code int) {
-	if code == http.StatusUnauthorized {
-		c.Header().Set("WWW-Authenticate", `Bearer realm="taskrunner"`)
-	}
-	c.Header().Del("Grpcgateway-Content-Type")
-	c.ResponseWriter.WriteHeader(code)
-}
-
-func routingErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
-	msg := http.StatusText(httpStatus)
-	code := codes.NotFound
-	if httpStatus == http.StatusMethodNotAllowed {
-		code = codes.Unimplemented
-		msg = "method " + r.Method + " not allowed on " + r.URL.Path
-	} else if httpStatus == http.StatusNotFound {
-		msg = "no route for " + r.Method + " " + r.URL.Path
-	}
-	writeError(w, httpStatus, code, msg)
 }

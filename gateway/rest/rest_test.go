@@ -30,13 +30,14 @@ func TestMain(m *testing.M) {
 }
 
 type env struct {
+	server *rest.Server
 	db     *storetest.DB
 	url    string
 	tokens map[string]string
 	health *rpcserver.Health
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, configure ...func(*rest.Options, *grpc.ClientConn)) *env {
 	t.Helper()
 	db := storetest.NewDB(t)
 	lg := slog.New(slog.DiscardHandler)
@@ -50,11 +51,15 @@ func newEnv(t *testing.T) *env {
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	h, err := rest.Handler(ctx, rest.Options{Task: conn, MaxBodyBytes: 64 << 10, Logger: lg})
+	o := rest.Options{Task: conn, Events: conn, MaxBodyBytes: 64 << 10, Logger: lg}
+	for _, c := range configure {
+		c(&o, conn)
+	}
+	h, err := rest.Handler(ctx, o)
 	require.NoError(t, err)
 	hs := httptest.NewServer(h)
 	t.Cleanup(func() { hs.Close(); cancel(); _ = conn.Close(); srv.Stop() })
-	e := &env{db: db, url: hs.URL, tokens: map[string]string{}, health: health}
+	e := &env{server: h.(*rest.Server), db: db, url: hs.URL, tokens: map[string]string{}, health: health}
 	for _, o := range []string{"alice", "bob"} {
 		tok, _, err := tokens.Create(context.Background(), o, nil, "")
 		require.NoError(t, err)
@@ -104,6 +109,9 @@ func TestCreateGetListOverREST(t *testing.T) {
 	require.Equal(t, "TASK_STATUS_PROPOSING", tk["status"])
 	require.Equal(t, "main", tk["base_branch"])
 	require.NotEmpty(t, r.header.Get("X-Request-Id"))
+	for k := range r.header {
+		require.False(t, strings.HasPrefix(k, "Grpc"), "internal header %s leaked into a 2xx", k)
+	}
 	id := tk["id"].(string)
 
 	r = e.do(t, "GET", "/v1/tasks/"+id, "alice", "")
@@ -152,7 +160,7 @@ func TestBadRequestsOverREST(t *testing.T) {
 		{"body over limit", "POST", "/v1/tasks", `{"repo":"a/b","prompt":"` + strings.Repeat("x", 70<<10) + `"}`, 413, "limit"},
 		{"malformed id", "GET", "/v1/tasks/xyz", "", 400, "id:"},
 		{"unknown status filter", "GET", "/v1/tasks?status=sleeping", "", 400, "status:"},
-		{"internal rpc not routed", "POST", "/v1/tasks/00000000-0000-0000-0000-000000000000:advance", `{}`, 405, "not allowed"},
+		{"internal rpc not routed", "POST", "/v1/tasks/00000000-0000-0000-0000-000000000000:advance", `{}`, 404, "no route"},
 		{"internal path absent", "POST", "/v1/tasks:advance", `{}`, 404, "no route"},
 	}
 	for _, tc := range cases {
@@ -168,6 +176,7 @@ func TestBadRequestsOverREST(t *testing.T) {
 	r := e.do(t, "POST", "/v1/tasks", "", `{"repo":"a/b","prompt":"p"}`)
 	require.Equal(t, http.StatusUnauthorized, r.status, r.raw)
 	require.Equal(t, `Bearer realm="taskrunner"`, r.header.Get("WWW-Authenticate"))
+	require.Empty(t, r.header.Values("Grpcgateway-Content-Type"))
 	r = e.do(t, "GET", "/v1/tasks", "", "", "Authorization", "Bearer trt_wrongwrongwrongwrongwrong")
 	require.Equal(t, http.StatusUnauthorized, r.status, r.raw)
 	require.Zero(t, e.rows(t))
