@@ -14,6 +14,10 @@
 //	/                    index.html
 //	/console/<asset>     embedded stylesheet and JavaScript modules
 //	/console/config.js   the server-side Config as an ES module (Jaeger URL …)
+//	/console/api/tasks/{id}/trace
+//	                     the task's trace as a waterfall (JSON), read from
+//	                     the Jaeger v1 query API after GetTask with the
+//	                     caller's bearer token (the owner check)
 //
 // They are mounted next to the API with rest.Options.Extra and never
 // shadow /v1/, /healthz, /readyz or /openapi.json: "GET /{$}" matches the

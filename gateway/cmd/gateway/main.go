@@ -103,7 +103,7 @@ func run() error {
 	if err := env.Parse(&consoleCfg); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
-	cons, err := console.New(consoleCfg)
+	cons, err := console.New(consoleCfg, taskrunnerv1.NewTaskServiceClient(taskConn))
 	if err != nil {
 		return err
 	}
