@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/errs"
 	"github.com/taskrunner/taskrunner/services/pki"
 	"github.com/taskrunner/taskrunner/services/sandbox"
@@ -510,4 +512,35 @@ func (h *harness) timeline(t *testing.T, id string) []string {
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// TestCreateRefusedByQuotaStoresNothing: POST /v1/tasks with dispatch:true
+// over the owner's daily quota answers 429 and leaves no task behind, and
+// the same idempotency key works once the quota allows it.
+func TestCreateRefusedByQuotaStoresNothing(t *testing.T) {
+	h := newHarness(t)
+	cfg := testConfig()
+	cfg.PerOwnerPerDay = 1
+	s := h.server(t, cfg, "sb")
+	lg := slog.New(slog.DiscardHandler)
+	tasks := task.New(h.tasks, s, lg)
+	ctx := auth.WithPrincipal(context.Background(), auth.Principal{Owner: "alice", Scopes: []string{auth.ScopeTasks}})
+	req := func(key string) *taskrunnerv1.CreateTaskRequest {
+		return &taskrunnerv1.CreateTaskRequest{Repo: "acme/widgets", Prompt: "p", Dispatch: true, RequestId: key}
+	}
+	_, err := tasks.CreateTask(ctx, req("first"))
+	require.NoError(t, err)
+
+	_, err = tasks.CreateTask(ctx, req("second"))
+	require.ErrorIs(t, err, errs.ErrQuotaExceeded)
+	list, _, err := h.tasks.List(context.Background(), "alice", task.Filter{}, 100, "")
+	require.NoError(t, err)
+	require.Len(t, list, 1, "a refused create stores nothing")
+
+	// The key was not burned: once the quota allows (here: a larger one),
+	// the same request creates and dispatches a task.
+	s.cfg.PerOwnerPerDay = 2
+	resp, err := tasks.CreateTask(ctx, req("second"))
+	require.NoError(t, err)
+	require.Equal(t, taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING, resp.GetTask().GetStatus())
 }
