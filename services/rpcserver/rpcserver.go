@@ -43,6 +43,9 @@ type Options struct {
 	Anonymous map[string]bool
 	// ServerOptions are appended (TLS credentials, stats handlers…).
 	ServerOptions []grpc.ServerOption
+	// Reflection registers the gRPC reflection service (grpcurl and
+	// friends). Off on the runner port, and switchable on the public port.
+	Reflection bool
 }
 
 type requestIDKey struct{}
@@ -119,8 +122,62 @@ func New(opts Options) *grpc.Server {
 	}))))
 	so = append(so, opts.ServerOptions...)
 	s := grpc.NewServer(so...)
-	reflection.Register(s)
+	if opts.Reflection {
+		reflection.Register(s)
+	}
 	return s
+}
+
+// Subset returns desc with only the named RPCs (full method names such as
+// taskrunnerv1.EventsService_Connect_FullMethodName). Registering a subset
+// is how a port serves some RPCs of a service and not others: a call to a
+// left-out RPC is Unimplemented, before any interceptor or handler runs.
+// It panics on a name desc does not have, so a renamed RPC fails at start.
+func Subset(desc *grpc.ServiceDesc, fullMethods ...string) *grpc.ServiceDesc {
+	want := make(map[string]bool, len(fullMethods))
+	for _, m := range fullMethods {
+		want[m] = true
+	}
+	out := *desc
+	out.Methods, out.Streams = nil, nil
+	prefix := "/" + desc.ServiceName + "/"
+	for _, m := range desc.Methods {
+		if want[prefix+m.MethodName] {
+			out.Methods = append(out.Methods, m)
+			delete(want, prefix+m.MethodName)
+		}
+	}
+	for _, st := range desc.Streams {
+		if want[prefix+st.StreamName] {
+			out.Streams = append(out.Streams, st)
+			delete(want, prefix+st.StreamName)
+		}
+	}
+	for m := range want {
+		panic(fmt.Sprintf("rpcserver.Subset: %s has no method %s", desc.ServiceName, m))
+	}
+	return &out
+}
+
+// Without returns desc without the named RPCs (full method names).
+func Without(desc *grpc.ServiceDesc, fullMethods ...string) *grpc.ServiceDesc {
+	drop := make(map[string]bool, len(fullMethods))
+	for _, m := range fullMethods {
+		drop[m] = true
+	}
+	var keep []string
+	prefix := "/" + desc.ServiceName + "/"
+	for _, m := range desc.Methods {
+		if !drop[prefix+m.MethodName] {
+			keep = append(keep, prefix+m.MethodName)
+		}
+	}
+	for _, st := range desc.Streams {
+		if !drop[prefix+st.StreamName] {
+			keep = append(keep, prefix+st.StreamName)
+		}
+	}
+	return Subset(desc, keep...)
 }
 
 func requestIDFrom(ctx context.Context) string {

@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
@@ -49,25 +48,18 @@ func (a *app) close() {
 	}
 }
 
-// assemble builds the configured services. The same service objects are
-// registered on the public port (bearer tokens) and on the runner port
-// (mTLS, client certificates of the runner CA required by the RPCs that
-// runners call).
+// assemble builds the configured services and the two ports that serve
+// them (ports.go): the public port (bearer tokens) serves everything but
+// the runner RPCs, the runner port (mTLS) serves only those.
 func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *redis.Client, logger *slog.Logger) (*app, error) {
 	names, _ := cfg.ServiceList()
 	has := func(n string) bool { return slices.Contains(names, n) }
 	a := &app{names: names}
-	tasks := task.NewStore(pool)
-	anonymous := map[string]bool{
-		taskrunnerv1.EventsService_Connect_FullMethodName:             true,
-		taskrunnerv1.GitHubTokenService_IssueRepoToken_FullMethodName: true,
-	}
-	var regs []func(*grpc.Server)
-	var healthNames []string
-	register := func(desc grpc.ServiceDesc, f func(*grpc.Server)) {
-		regs = append(regs, f)
-		healthNames = append(healthNames, desc.ServiceName)
-	}
+	publisher := task.NewRedisPublisher(rdb, cfg.RedisPrefix, logger)
+	tasks := task.NewStore(pool).WithPublisher(publisher)
+	tokens := auth.NewStore(pool)
+	var services []service
+	register := func(desc *grpc.ServiceDesc, impl any) { services = append(services, service{desc, impl}) }
 
 	var reloader *pki.Reloader
 	if cfg.TLSConfigured() {
@@ -81,17 +73,21 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 	}
 
 	var taskSrv *task.Server
+	var pullRequests dispatch.PullRequests
 	if has(config.ServiceTask) {
 		taskSrv = task.New(tasks, nil, logger)
-		register(taskrunnerv1.TaskService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterTaskServiceServer(s, taskSrv) })
+		register(&taskrunnerv1.TaskService_ServiceDesc, taskSrv)
+		// Tokens are managed where the public API is served.
+		register(&taskrunnerv1.TokenService_ServiceDesc, auth.NewTokenServer(tokens))
 	}
 	if has(config.ServiceEvents) {
-		ev, err := events.New(events.Config{TrustDomain: cfg.TrustDomain, RedisPrefix: cfg.RedisPrefix, Committers: cfg.EventsCommitters}, pool, rdb, logger)
+		ev, err := events.New(events.Config{TrustDomain: cfg.TrustDomain, RedisPrefix: cfg.RedisPrefix, Committers: cfg.EventsCommitters,
+			HeartbeatInterval: cfg.HeartbeatInterval}, pool, rdb, logger)
 		if err != nil {
 			return nil, err
 		}
 		a.events = ev
-		register(taskrunnerv1.EventsService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterEventsServiceServer(s, ev) })
+		register(&taskrunnerv1.EventsService_ServiceDesc, ev)
 	}
 	if has(config.ServiceGitHubToken) {
 		var gh githubtoken.Config
@@ -106,15 +102,16 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 		if err != nil {
 			return nil, err
 		}
+		pullRequests = srv
 		a.closers = append(a.closers, srv.Close)
-		register(taskrunnerv1.GitHubTokenService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterGitHubTokenServiceServer(s, srv) })
+		register(&taskrunnerv1.GitHubTokenService_ServiceDesc, srv)
 	}
 	if has(config.ServiceDispatch) {
-		d, err := newDispatch(cfg, pool, rdb, logger)
+		d, err := newDispatch(cfg, pool, rdb, logger, publisher, pullRequests)
 		if err != nil {
 			return nil, err
 		}
-		register(taskrunnerv1.DispatchService_ServiceDesc, func(s *grpc.Server) { taskrunnerv1.RegisterDispatchServiceServer(s, d) })
+		register(&taskrunnerv1.DispatchService_ServiceDesc, d)
 		a.background = append(a.background, func(ctx context.Context) { d.Listen(ctx, d.ReaperInterval()) }, d.RunReaper)
 		if taskSrv != nil {
 			taskSrv.SetDispatcher(d)
@@ -130,20 +127,11 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 		taskSrv.SetDispatcher(&remoteDispatcher{c: taskrunnerv1.NewDispatchServiceClient(conn)})
 	}
 
-	opts := rpcserver.Options{Logger: logger, Auth: auth.NewStore(pool), Anonymous: anonymous}
-	a.public = rpcserver.New(opts)
-	for _, r := range regs {
-		r(a.public)
+	if err := a.publicPort(cfg, logger, tokens, services); err != nil {
+		return nil, err
 	}
-	a.health = rpcserver.NewHealth(a.public, healthNames)
 	if reloader != nil && cfg.RunnerGRPCAddr != "" {
-		ropts := opts
-		ropts.ServerOptions = append(events.ServerOptions(), grpc.Creds(credentials.NewTLS(pki.ServerTLSConfig(reloader))))
-		a.runner = rpcserver.New(ropts)
-		for _, r := range regs {
-			r(a.runner)
-		}
-		a.runnerHealth = rpcserver.NewHealth(a.runner, healthNames)
+		a.runnerPort(logger, reloader, services)
 		a.background = append(a.background, func(ctx context.Context) {
 			a.runnerHealth.Watch(ctx, logger, 2*time.Second, func(ctx context.Context) error { return ping(ctx, pool, rdb) })
 		})
@@ -151,11 +139,12 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 	return a, nil
 }
 
-func newDispatch(cfg config.Daemon, pool *pgxpool.Pool, rdb *redis.Client, logger *slog.Logger) (*dispatch.Server, error) {
+func newDispatch(cfg config.Daemon, pool *pgxpool.Pool, rdb *redis.Client, logger *slog.Logger, pub task.Publisher, prs dispatch.PullRequests) (*dispatch.Server, error) {
 	var dc dispatch.Config
 	if err := env.Parse(&dc); err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
 	}
+	dc.HeartbeatInterval = cfg.HeartbeatInterval
 	if cfg.RunnerCAFile == "" || cfg.RunnerCAKeyFile == "" {
 		return nil, fmt.Errorf("TASKRUNNER_RUNNER_CA_FILE and TASKRUNNER_RUNNER_CA_KEY_FILE: the dispatch service mints task certificates and needs the runner CA (create one with `taskctl pki init`)")
 	}
@@ -170,7 +159,7 @@ func newDispatch(cfg config.Daemon, pool *pgxpool.Pool, rdb *redis.Client, logge
 	if err != nil {
 		return nil, err
 	}
-	return dispatch.New(dc, dispatch.Deps{Pool: pool, Provider: prov, CA: ca, Logger: logger,
+	return dispatch.New(dc, dispatch.Deps{Pool: pool, Publisher: pub, PullRequests: prs, Provider: prov, CA: ca, Logger: logger,
 		Canceller: cancelPublisher{rdb: rdb, prefix: cfg.RedisPrefix}, Traceparent: telemetry.Traceparent})
 }
 
@@ -212,8 +201,8 @@ func (r *remoteDispatcher) DispatchTask(ctx context.Context, id string) (task.Ta
 	return task.FromProto(resp.GetTask()), nil
 }
 
-func (r *remoteDispatcher) CancelTask(ctx context.Context, id, reason string) (task.Task, error) {
-	resp, err := r.c.Cancel(ctx, &taskrunnerv1.CancelRequest{TaskId: id, Reason: reason})
+func (r *remoteDispatcher) CancelTask(ctx context.Context, id, reason string, actor task.Actor) (task.Task, error) {
+	resp, err := r.c.Cancel(ctx, &taskrunnerv1.CancelRequest{TaskId: id, Reason: reason, Actor: string(actor)})
 	if err != nil {
 		return task.Task{}, err
 	}

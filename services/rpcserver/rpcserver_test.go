@@ -1,0 +1,66 @@
+package rpcserver_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/rpcserver"
+)
+
+func TestSubsetAndWithout(t *testing.T) {
+	desc := &taskrunnerv1.EventsService_ServiceDesc
+	sub := rpcserver.Subset(desc, taskrunnerv1.EventsService_Connect_FullMethodName)
+	require.Empty(t, sub.Methods)
+	require.Len(t, sub.Streams, 1)
+	require.Equal(t, "Connect", sub.Streams[0].StreamName)
+	require.Equal(t, desc.ServiceName, sub.ServiceName)
+
+	rest := rpcserver.Without(desc, taskrunnerv1.EventsService_Connect_FullMethodName)
+	var names []string
+	for _, m := range rest.Methods {
+		names = append(names, m.MethodName)
+	}
+	for _, s := range rest.Streams {
+		names = append(names, s.StreamName)
+	}
+	require.NotContains(t, names, "Connect")
+	require.Contains(t, names, "Subscribe")
+	require.Contains(t, names, "ListEvents")
+	require.Len(t, desc.Streams, len(rest.Streams)+1, "the original is unchanged")
+
+	require.Panics(t, func() { rpcserver.Subset(desc, taskrunnerv1.TaskService_ListTasks_FullMethodName) })
+}
+
+func TestReflectionIsOptIn(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		srv := rpcserver.New(rpcserver.Options{Logger: slog.New(slog.DiscardHandler), Reflection: on})
+		lis := bufconn.Listen(1 << 16)
+		go func() { _ = srv.Serve(lis) }()
+		conn, err := grpc.NewClient("passthrough:///bufnet",
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+		require.NoError(t, err)
+		require.NoError(t, rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
+		_, err = rs.Recv()
+		if on {
+			require.NoError(t, err)
+		} else {
+			require.Equal(t, codes.Unimplemented, status.Code(err), "%v", err)
+		}
+		_ = conn.Close()
+		srv.Stop()
+	}
+}
