@@ -172,3 +172,87 @@ func notFound(routes *routeTable) http.HandlerFunc {
 		httperr.Write(w, httperr.RouteNotFound(r.Method, r.URL.EscapedPath()))
 	}
 }
+
+// plainErrors wraps the handlers mounted next to the API (SSE, console):
+// an error they answer with net/http's plain text (http.Error,
+// http.NotFound) is replaced by the API's JSON shape, so every answer of
+// the gateway has one error contract even where a package uses the
+// standard helpers. Other answers, streams included, pass through.
+func plainErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&errorShape{ResponseWriter: w, r: r}, r)
+	})
+}
+
+type errorShape struct {
+	http.ResponseWriter
+	r        *http.Request
+	replaced bool // the answer was rewritten; drop what the handler writes
+	wrote    bool
+}
+
+func (e *errorShape) WriteHeader(code int) {
+	if e.wrote {
+		return
+	}
+	e.wrote = true
+	if code < 400 || !strings.HasPrefix(e.Header().Get("Content-Type"), "text/plain") {
+		e.ResponseWriter.WriteHeader(code)
+		return
+	}
+	e.replaced = true
+	switch code {
+	case http.StatusNotFound:
+		httperr.Write(e.ResponseWriter, httperr.RouteNotFound(e.r.Method, e.r.URL.EscapedPath()))
+	case http.StatusMethodNotAllowed:
+		allow := strings.Split(strings.ReplaceAll(e.Header().Get("Allow"), " ", ""), ",")
+		httperr.WriteMethodNotAllowed(e.ResponseWriter, e.r, allow)
+	default:
+		httperr.WriteHTTP(e.ResponseWriter, code, status.New(httpCode(code), http.StatusText(code)))
+	}
+}
+
+func (e *errorShape) Write(b []byte) (int, error) {
+	if !e.wrote {
+		e.WriteHeader(http.StatusOK)
+	}
+	if e.replaced {
+		return len(b), nil
+	}
+	return e.ResponseWriter.Write(b)
+}
+
+// Flush and Unwrap keep streaming working (http.ResponseController).
+func (e *errorShape) Flush() {
+	if f, ok := e.ResponseWriter.(http.Flusher); ok && !e.replaced {
+		f.Flush()
+	}
+}
+
+func (e *errorShape) Unwrap() http.ResponseWriter { return e.ResponseWriter }
+
+// httpCode is the gRPC code of an HTTP error status (the inverse of
+// runtime.HTTPStatusFromCode where one exists).
+func httpCode(s int) codes.Code {
+	switch s {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return codes.InvalidArgument
+	case http.StatusUnauthorized:
+		return codes.Unauthenticated
+	case http.StatusForbidden:
+		return codes.PermissionDenied
+	case http.StatusNotFound:
+		return codes.NotFound
+	case http.StatusConflict:
+		return codes.AlreadyExists
+	case http.StatusTooManyRequests:
+		return codes.ResourceExhausted
+	case http.StatusNotImplemented, http.StatusMethodNotAllowed:
+		return codes.Unimplemented
+	case http.StatusServiceUnavailable:
+		return codes.Unavailable
+	case http.StatusGatewayTimeout:
+		return codes.DeadlineExceeded
+	}
+	return codes.Unknown
+}

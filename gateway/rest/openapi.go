@@ -80,6 +80,7 @@ func document(base, over []byte, services, patterns map[string]bool) ([]byte, er
 	if err := limitQueryParameters(paths, object(ov, "x-query-parameters")); err != nil {
 		return nil, err
 	}
+	pruneDefinitions(doc, defs)
 	doc["tags"] = usedTags(paths, append(list(doc["tags"]), list(ov["tags"])...))
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -139,6 +140,41 @@ func findOperation(paths map[string]any, id string) (map[string]any, bool) {
 		}
 	}
 	return nil, false
+}
+
+// pruneDefinitions drops the definitions no served operation reaches
+// (those of services this gateway does not expose).
+func pruneDefinitions(doc, defs map[string]any) {
+	const prefix = "#/definitions/"
+	reached := map[string]bool{}
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if ref, ok := v["$ref"].(string); ok && strings.HasPrefix(ref, prefix) {
+				name := strings.TrimPrefix(ref, prefix)
+				if !reached[name] {
+					reached[name] = true
+					walk(defs[name])
+				}
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(doc["paths"])
+	walk(doc["responses"])
+	walk(doc["parameters"])
+	for name := range defs {
+		if !reached[name] {
+			delete(defs, name)
+		}
+	}
 }
 
 // usedTags keeps the tags some operation uses, first definition wins, so

@@ -146,7 +146,7 @@ func Handler(ctx context.Context, o Options) (http.Handler, error) {
 	}))
 	mount(inner, "GET /readyz", readyz(o.Task))
 	for p, h := range o.Extra {
-		mount(inner, p, h)
+		mount(inner, p, plainErrors(h))
 	}
 	outer := http.NewServeMux()
 	for p, h := range o.Unlimited {
@@ -203,8 +203,7 @@ func readyz(conn *grpc.ClientConn) http.HandlerFunc {
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		w.Header().Set("Content-Type", "application/json")
 		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte(`{"status":"not ready"}` + "\n"))
+			httperr.Write(w, httperr.Unavailable("not ready: the task service is not serving"))
 			return
 		}
 		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
