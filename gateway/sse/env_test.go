@@ -19,8 +19,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/taskrunner/taskrunner/gateway/sse"
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/events"
@@ -40,7 +42,8 @@ type env struct {
 	db     *storetest.DB
 	rds    *storetest.Redis
 	ca     *pki.CA
-	tasks  *task.Store
+	tasks  *task.Store // publishes what it appends, after the commit
+	quiet  *task.Store // appends without publishing (a lost message)
 	tokens *auth.Store
 	addr   string           // gRPC
 	cc     *grpc.ClientConn // the gateway's connection to the services
@@ -66,7 +69,9 @@ func newEnv(t *testing.T, cfg sse.Config, o envOptions) *env {
 	require.NoError(t, err)
 	rl, err := pki.NewReloaderFromSource(pki.Source{CertPEM: string(certPEM), KeyPEM: string(keyPEM), CAPEM: string(ca.CertPEM())}, nil)
 	require.NoError(t, err)
-	e := &env{db: db, rds: rds, ca: ca, tasks: task.NewStore(db.Pool), tokens: auth.NewStore(db.Pool)}
+	quiet := task.NewStore(db.Pool)
+	e := &env{db: db, rds: rds, ca: ca, quiet: quiet, tasks: quiet.WithPublisher(task.NewRedisPublisher(rds.Client, rds.Prefix, log)),
+		tokens: auth.NewStore(db.Pool)}
 
 	// The services.
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -142,44 +147,85 @@ func (e *env) newTask(t *testing.T, owner string) string {
 func (e *env) runningTask(t *testing.T, owner string) string {
 	t.Helper()
 	id := e.newTask(t, owner)
-	ctx := context.Background()
-	_, err := e.db.Pool.Exec(ctx, `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, id)
-	require.NoError(t, err)
-	_, applied, err := e.tasks.Advance(ctx, id, "", task.Advance{Status: task.StatusRunning, RequestID: "dispatch"})
-	require.NoError(t, err)
-	require.True(t, applied)
+	e.dispatched(t, id)
+	e.advance(t, id, task.Advance{Status: task.StatusRunning, Actor: task.ActorDispatch})
 	return id
 }
 
-// store writes events into the log without publishing them (as if their
-// Redis message were lost).
-func (e *env) store(t *testing.T, id string, evs ...*taskrunnerv1.Event) {
+// appendTo appends evs to the task's timeline through package task, the
+// one writer of timelines, as the control plane does (each at the next seq,
+// which it sets on evs), and returns evs. With publish their messages go
+// out after the commit, as in production; without, they are stored only,
+// as if their messages were lost.
+func (e *env) appendTo(t *testing.T, id string, publish bool, evs ...*taskrunnerv1.Event) []*taskrunnerv1.Event {
 	t.Helper()
-	for _, ev := range evs {
-		b, err := events.EncodeEvent(ev)
-		require.NoError(t, err)
-		_, err = e.db.Pool.Exec(context.Background(), `INSERT INTO task_events (task_id, seq, type, payload) VALUES ($1, $2, $3, $4)`,
-			id, ev.GetSeq(), events.TypeName(ev), b)
-		require.NoError(t, err)
+	st := e.quiet
+	if publish {
+		st = e.tasks
 	}
+	ctx := context.Background()
+	require.NoError(t, st.InTx(ctx, func(tx *task.Tx) error {
+		if _, err := tx.Lock(ctx, id); err != nil {
+			return err
+		}
+		var last int64
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM task_events WHERE task_id = $1`, id).Scan(&last); err != nil {
+			return err
+		}
+		for i, ev := range evs {
+			if err := tx.Append(ctx, id, ev); err != nil {
+				return err
+			}
+			ev.Seq = last + int64(i) + 1
+		}
+		return nil
+	}))
+	return evs
 }
 
-// publish sends events on the task's channel as the committer does.
+// emit appends and publishes evs (see appendTo).
+func (e *env) emit(t *testing.T, id string, evs ...*taskrunnerv1.Event) []*taskrunnerv1.Event {
+	t.Helper()
+	return e.appendTo(t, id, true, evs...)
+}
+
+// publish sends stored events on the task's channel again, as a duplicate
+// or late message would arrive.
 func (e *env) publish(t *testing.T, id string, evs ...*taskrunnerv1.Event) {
 	t.Helper()
 	for _, ev := range evs {
-		b, err := events.EncodeEvent(ev)
+		b, err := eventwire.EncodeEvent(ev)
 		require.NoError(t, err)
-		msg := events.EncodeMessage(ev.GetSeq(), events.TypeName(ev), b)
-		require.NoError(t, e.rds.Client.Publish(context.Background(), events.Channel(e.rds.Prefix, id), msg).Err())
+		msg := eventwire.EncodeMessage(ev.GetSeq(), eventwire.TypeName(ev), eventwire.Final(ev), b)
+		require.NoError(t, e.rds.Client.Publish(context.Background(), eventwire.Channel(e.rds.Prefix, id), msg).Err())
 	}
 }
 
-// emit commits then publishes, the Events service's order.
-func (e *env) emit(t *testing.T, id string, evs ...*taskrunnerv1.Event) {
+// advance moves the task as the named actor would (the status_change is
+// appended and published after the commit).
+func (e *env) advance(t *testing.T, id string, a task.Advance) {
 	t.Helper()
-	e.store(t, id, evs...)
-	e.publish(t, id, evs...)
+	if a.RequestID == "" {
+		a.RequestID = string(a.Actor) + ":" + string(a.Status)
+	}
+	_, applied, err := e.tasks.Advance(context.Background(), id, "", a)
+	require.NoError(t, err)
+	require.True(t, applied)
+}
+
+// timeline is the task's stored timeline.
+func (e *env) timeline(t *testing.T, id string) []*taskrunnerv1.Event {
+	t.Helper()
+	recs, err := events.NewStore(e.db.Pool).ListAfter(context.Background(), id, 0, 10000)
+	require.NoError(t, err)
+	out := make([]*taskrunnerv1.Event, 0, len(recs))
+	for i, r := range recs {
+		ev, err := eventwire.DecodeEvent(r.Payload)
+		require.NoError(t, err)
+		require.Equal(t, int64(i+1), ev.GetSeq(), "the stored timeline has no gap")
+		out = append(out, ev)
+	}
+	return out
 }
 
 // runner is a minimal runner on the real Connect stream with a task
@@ -233,6 +279,7 @@ type msg struct {
 	id      int64
 	event   string
 	data    string
+	hasData bool
 	retry   string
 	comment string
 }
@@ -277,6 +324,31 @@ func (e *env) open(t *testing.T, path, token string, hdr map[string]string) *cli
 	return c
 }
 
+// status connects and returns the HTTP status of a request that must not
+// open a stream, checking that its body is empty.
+func (e *env) status(t *testing.T, path, token string, hdr map[string]string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := e.srv.Client().Do(e.request(t, ctx, path, token, hdr))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	if resp.StatusCode == http.StatusNoContent {
+		require.Empty(t, body)
+	}
+	return resp.StatusCode
+}
+
+// rest reads the raw stream to its end, without heartbeat comments.
+func (c *client) rest(t *testing.T) string {
+	t.Helper()
+	b, err := io.ReadAll(c.rd)
+	require.NoError(t, err)
+	return strings.ReplaceAll(string(b), ": ping\n\n", "")
+}
+
 // next reads one message or comment.
 func (c *client) next() (msg, error) {
 	var m msg
@@ -311,7 +383,11 @@ func (c *client) next() (msg, error) {
 		case "event":
 			m.event = value
 		case "data":
+			if m.hasData {
+				m.data += "\n"
+			}
 			m.data += value
+			m.hasData = true
 		case "retry":
 			m.retry = value
 		default:
@@ -401,4 +477,39 @@ func logs(from int64, n int) []*taskrunnerv1.Event {
 		out = append(out, at(from+int64(i), logLine("line "+strconv.Itoa(int(from)+i))))
 	}
 	return out
+}
+
+func usage(cost float64) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Usage{Usage: &taskrunnerv1.Usage{CostUsd: cost, TokensIn: 10, TokensOut: 20}}}
+}
+
+func queuePos(n int64) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_QueuePosition{QueuePosition: &taskrunnerv1.QueuePosition{Position: n}}}
+}
+
+func sandboxState(state string) *taskrunnerv1.Event {
+	return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Sandbox{Sandbox: &taskrunnerv1.SandboxState{State: state, Provider: "process"}}}
+}
+
+// withSeqs returns copies of evs numbered 1, 2, 3 … (runner seqs).
+func withSeqs(evs ...*taskrunnerv1.Event) []*taskrunnerv1.Event {
+	for i, ev := range evs {
+		ev.Seq = int64(i + 1)
+	}
+	return evs
+}
+
+// cancelTask cancels through TaskService with the owner's token, as a user does.
+func (e *env) cancelTask(t *testing.T, id, tok, reason string) {
+	t.Helper()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+tok)
+	_, err := taskrunnerv1.NewTaskServiceClient(e.cc).CancelTask(ctx, &taskrunnerv1.CancelTaskRequest{Id: id, Reason: reason})
+	require.NoError(t, err)
+}
+
+// dispatched records a sandbox so the task may move to running.
+func (e *env) dispatched(t *testing.T, id string) {
+	t.Helper()
+	_, err := e.db.Pool.Exec(context.Background(), `INSERT INTO sandboxes (task_id, provider) VALUES ($1, 'process')`, id)
+	require.NoError(t, err)
 }

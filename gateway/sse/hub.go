@@ -1,49 +1,44 @@
 package sse
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/services/events"
 )
 
-// frame is one event ready to be written: it is encoded once by the hub
+// frame is one event ready to be written: it is framed once by the hub
 // and shared by every watcher of the task.
 type frame struct {
-	seq      int64
-	terminal bool
-	data     []byte // "id: …\nevent: …\ndata: …\n\n"
+	seq     int64
+	final   bool   // the last event of the timeline
+	payload []byte // the event's eventwire JSON
+	data    []byte // viewFull's message: "id: …\nevent: …\ndata: …\n\n"
+
+	// The decoded event, for the seed view: decoded once, on first use.
+	once sync.Once
+	ev   *taskrunnerv1.Event
+	err  error
 }
 
-// encodeFrame renders e as one SSE message (the replay's path).
+// event decodes the frame's event (once for every watcher).
+func (f *frame) event() (*taskrunnerv1.Event, error) {
+	f.once.Do(func() { f.ev, f.err = eventwire.DecodeEvent(f.payload) })
+	return f.ev, f.err
+}
+
+// encodeFrame renders e as viewFull's message (the replay's path).
 func encodeFrame(dst []byte, e *taskrunnerv1.Event) ([]byte, error) {
-	body, err := events.EncodeEvent(e)
+	body, err := eventwire.EncodeEvent(e)
 	if err != nil {
 		return dst, err
 	}
-	return appendFrame(dst, e.GetSeq(), events.TypeName(e), body), nil
-}
-
-// appendFrame renders one SSE message: the id line, the event line (none
-// for a type this gateway does not know: browsers dispatch it as
-// "message"), and the event's one-line JSON as data.
-func appendFrame(dst []byte, seq int64, typ string, body []byte) []byte {
-	dst = append(dst, "id: "...)
-	dst = strconv.AppendInt(dst, seq, 10)
-	if typ != "" {
-		dst = append(dst, "\nevent: "...)
-		dst = append(dst, typ...)
-	}
-	dst = append(dst, "\ndata: "...)
-	dst = append(dst, body...) // protojson without Multiline is one line
-	return append(dst, "\n\n"...)
+	return appendFrame(dst, e.GetSeq(), eventwire.TypeName(e), body)
 }
 
 // Why a watcher was dropped by the hub.
@@ -176,15 +171,16 @@ func (h *hub) confirmed(channel string) {
 func (h *hub) deliver(m *redis.Message) {
 	// The live path never parses the event's JSON: the message header has
 	// what framing needs, and the payload is written as it is.
-	msg, err := events.DecodeMessage([]byte(m.Payload))
-	if err == nil && bytes.IndexByte(msg.Payload, '\n') >= 0 {
-		err = errors.New("the event's JSON spans lines")
+	msg, err := eventwire.DecodeMessage([]byte(m.Payload))
+	var data []byte
+	if err == nil {
+		data, err = appendFrame(make([]byte, 0, len(msg.Payload)+len(msg.Type)+40), msg.Seq, msg.Type, msg.Payload)
 	}
 	if err != nil {
 		h.log.Warn("sse: undecodable message on channel", "channel", m.Channel, "error", err)
 		return
 	}
-	f := &frame{seq: msg.Seq, terminal: msg.Terminal(), data: appendFrame(make([]byte, 0, len(msg.Payload)+len(msg.Type)+40), msg.Seq, msg.Type, msg.Payload)}
+	f := &frame{seq: msg.Seq, final: msg.Final, payload: msg.Payload, data: data}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	t := h.topics[m.Channel]
@@ -204,7 +200,7 @@ func (h *hub) deliver(m *redis.Message) {
 // watcher, and waits until the subscription is confirmed by Redis: only
 // then can a replay that follows miss nothing.
 func (h *hub) join(ctx context.Context, taskID string, w *watcher) error {
-	channel := events.Channel(h.prefix, taskID)
+	channel := eventwire.Channel(h.prefix, taskID)
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -243,7 +239,7 @@ func (h *hub) join(ctx context.Context, taskID string, w *watcher) error {
 // leave removes w (if the hub has not dropped it already), unsubscribing
 // the channel after its last watcher.
 func (h *hub) leave(taskID string, w *watcher) {
-	channel := events.Channel(h.prefix, taskID)
+	channel := eventwire.Channel(h.prefix, taskID)
 	h.mu.Lock()
 	if t := h.topics[channel]; t != nil {
 		if _, ok := t.watchers[w]; ok {

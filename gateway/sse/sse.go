@@ -17,13 +17,17 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/services/events"
 )
 
 // Route patterns (net/http ServeMux syntax), all served by Handler.
 //
-// The legacy path takes the repository either as one URL-encoded segment
+// PathPattern serves every event of the timeline (viewFull); the project
+// paths serve the seed frontend's contract (viewSeed, see seedView): the
+// seed frontend's own path and the older /v1 one, which serve the same.
+//
+// The project paths take the repository either as one URL-encoded segment
 // (owner%2Fname) or as two segments (owner/name).
 // The branch is always one segment: a branch with a slash must be encoded
 // (feature%2Fx). The task must belong to that repository (compared without
@@ -31,6 +35,8 @@ import (
 // or the answer is 404.
 const (
 	PathPattern            = "GET /v1/tasks/{id}/events"
+	SeedPathPattern        = "GET /projects/{repo}/branches/{branch}/tasks/{id}/events"
+	SeedSplitPathPattern   = "GET /projects/{owner}/{name}/branches/{branch}/tasks/{id}/events"
 	LegacyPathPattern      = "GET /v1/projects/{repo}/branches/{branch}/tasks/{id}/events"
 	LegacySplitPathPattern = "GET /v1/projects/{owner}/{name}/branches/{branch}/tasks/{id}/events"
 )
@@ -76,16 +82,17 @@ func New(cfg Config, tasks taskrunnerv1.TaskServiceClient, events taskrunnerv1.E
 	}
 	h := &Handler{cfg: cfg.withDefaults(), tasks: tasks, events: events, log: logger}
 	h.mux = http.NewServeMux()
-	h.mux.HandleFunc(PathPattern, h.serve)
-	h.mux.HandleFunc(LegacyPathPattern, h.serve)
-	h.mux.HandleFunc(LegacySplitPathPattern, h.serve)
+	h.mux.HandleFunc(PathPattern, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, viewFull) })
+	for _, p := range []string{SeedPathPattern, SeedSplitPathPattern, LegacyPathPattern, LegacySplitPathPattern} {
+		h.mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, viewSeed) })
+	}
 	h.hub = newHub(rdb, h.cfg.RedisPrefix, logger)
 	return h, nil
 }
 
 // Routes maps each route pattern to h, for rest.Options.Extra.
 func (h *Handler) Routes() map[string]http.Handler {
-	return map[string]http.Handler{PathPattern: h, LegacyPathPattern: h, LegacySplitPathPattern: h}
+	return map[string]http.Handler{PathPattern: h, SeedPathPattern: h, SeedSplitPathPattern: h, LegacyPathPattern: h, LegacySplitPathPattern: h}
 }
 
 // ServeHTTP serves the SSE routes and answers 404 for anything else.
@@ -122,14 +129,7 @@ func lastEventID(r *http.Request) (int64, error) {
 	if v == "" {
 		v = r.URL.Query().Get(lastEventIDQuery)
 	}
-	if v == "" {
-		return 0, nil
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-	if err != nil || n < 0 {
-		return 0, errors.New("Last-Event-ID must be a sequence number (a non-negative integer), got " + strconv.Quote(v))
-	}
-	return n, nil
+	return parseLastEventID(v)
 }
 
 // writeError answers like the REST API: {code, message, details} with the
@@ -158,7 +158,7 @@ func (h *Handler) rpcError(ctx context.Context, w http.ResponseWriter, what stri
 	writeError(w, st)
 }
 
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, v view) {
 	taskID := r.PathValue("id")
 	tok, ok := token(r)
 	switch {
@@ -190,28 +190,46 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status.New(codes.NotFound, "task "+taskID+" not found in that repository and branch"))
 		return
 	}
+	finished := eventwire.TerminalStatus(tk.GetStatus())
+	if finished && after >= tk.GetTimelineSeq() {
+		// The client has it all (EventSource reconnects whenever a stream
+		// closes, even cleanly): 204 is the one answer that makes it stop.
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 
-	c := &stream{h: h, w: w, rc: http.NewResponseController(w), ctx: ctx, taskID: taskID, last: after}
-	c.watcher = newWatcher(h.cfg.ClientQueue, func() { _ = c.rc.SetWriteDeadline(time.Now()) })
+	c := &stream{h: h, w: w, rc: http.NewResponseController(w), ctx: ctx, taskID: taskID, view: v, last: after, sent: after}
+	if after > 0 {
+		// Resuming: the stage the task is in now is the best guess of the
+		// stage at after (status_change frames carry it).
+		c.seed.stage = shortStage(tk.GetStage())
+	}
 	defer func() {
-		c.watcher.finish()
+		if c.watcher != nil {
+			c.watcher.finish()
+		}
 		// net/http keeps a connection's deadline for its next request when
 		// the server has no WriteTimeout of its own.
 		_ = c.rc.SetWriteDeadline(time.Time{})
 	}()
-	jctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
-	err = h.hub.join(jctx, taskID, c.watcher)
-	cancel()
-	if err != nil {
-		h.log.WarnContext(ctx, "sse: subscribe failed", "task_id", taskID, "error", err)
-		writeError(w, status.New(codes.Unavailable, "live events are unavailable; retry later"))
-		return
+	if !finished {
+		// Subscribe before the replay, so nothing committed in between is
+		// missed; a finished task publishes nothing more.
+		c.watcher = newWatcher(h.cfg.ClientQueue, func() { _ = c.rc.SetWriteDeadline(time.Now()) })
+		jctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+		err = h.hub.join(jctx, taskID, c.watcher)
+		cancel()
+		if err != nil {
+			h.log.WarnContext(ctx, "sse: subscribe failed", "task_id", taskID, "error", err)
+			writeError(w, status.New(codes.Unavailable, "live events are unavailable; retry later"))
+			return
+		}
+		defer h.hub.leave(taskID, c.watcher)
 	}
-	defer h.hub.leave(taskID, c.watcher)
 	h.subscribers.Add(1)
 	defer h.subscribers.Add(-1)
 
-	if err := c.run(acceptsEvents(tk.GetStatus())); err != nil && !errors.Is(err, context.Canceled) {
+	if err := c.run(); err != nil && !errors.Is(err, context.Canceled) {
 		h.log.InfoContext(ctx, "sse: stream ended early", "task_id", taskID, "last_seq", c.last, "error", err)
 	}
 }
@@ -230,16 +248,6 @@ func legacyMatches(r *http.Request, tk *taskrunnerv1.Task) bool {
 	return strings.EqualFold(repo, tk.GetRepo()) && (branch == tk.GetBaseBranch() || branch == tk.GetHeadBranch())
 }
 
-// acceptsEvents reports whether a task in st may still produce events:
-// after completed the task awaits review and its stream is over.
-func acceptsEvents(st taskrunnerv1.TaskStatus) bool {
-	switch st {
-	case taskrunnerv1.TaskStatus_TASK_STATUS_PROPOSING, taskrunnerv1.TaskStatus_TASK_STATUS_QUEUED, taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING:
-		return true
-	}
-	return false
-}
-
 // errEnded: the hub dropped the stream (slow client or shutdown); the
 // client may reconnect.
 var errEnded = errors.New("sse: stream ended by the hub")
@@ -251,15 +259,18 @@ type stream struct {
 	rc      *http.ResponseController
 	ctx     context.Context // carries the caller's token to the services
 	taskID  string
-	last    int64 // highest seq written; only strictly greater ones follow
-	watcher *watcher
+	view    view
+	seed    seedView
+	last    int64    // highest seq processed; only strictly greater ones follow
+	sent    int64    // highest seq written as an id (viewFull: always last)
+	watcher *watcher // nil for a task that had finished when it connected
 	buf     []byte
 }
 
-// run writes the stream: headers, replay after c.last, then live events
-// until the terminal event. live says whether the task still took events
-// when the connection was authorised.
-func (c *stream) run(live bool) error {
+// run writes the stream: headers, replay after c.last, then, for a task
+// that had not finished when the connection was authorised, live events
+// until the final one.
+func (c *stream) run() error {
 	hd := c.w.Header()
 	hd.Set("Content-Type", "text/event-stream")
 	hd.Set("Cache-Control", "no-cache")
@@ -275,12 +286,12 @@ func (c *stream) run(live bool) error {
 		c.h.beforeReplay(c.taskID)
 	}
 	if ended, err := c.replay(); ended || err != nil {
-		return err
+		return c.finish(err)
 	}
-	if !live {
-		// Finished before we subscribed without a terminal event (reaper,
-		// cancelled before it ran): the replay was the whole story.
-		return nil
+	if c.watcher == nil {
+		// Finished before it connected, and its timeline has no final event
+		// (written before status_change existed): the replay was all of it.
+		return c.finish(nil)
 	}
 
 	heartbeat := time.NewTicker(c.h.cfg.Heartbeat)
@@ -296,10 +307,7 @@ func (c *stream) run(live bool) error {
 			for more := true; more; {
 				ended, err := c.live(f)
 				if ended || err != nil {
-					if err == nil {
-						err = c.rc.Flush()
-					}
-					return err
+					return c.finish(err)
 				}
 				select {
 				case f = <-c.watcher.queue:
@@ -312,7 +320,7 @@ func (c *stream) run(live bool) error {
 			}
 		case <-c.watcher.resync:
 			if ended, err := c.replay(); ended || err != nil {
-				return err
+				return c.finish(err)
 			}
 		case <-c.watcher.gone:
 			return errors.Join(errEnded, errors.New(c.watcher.reason))
@@ -322,7 +330,7 @@ func (c *stream) run(live bool) error {
 			}
 		case <-check.C:
 			if ended, err := c.checkStatus(); ended || err != nil {
-				return err
+				return c.finish(err)
 			}
 		case <-c.ctx.Done():
 			return c.ctx.Err()
@@ -330,15 +338,34 @@ func (c *stream) run(live bool) error {
 	}
 }
 
+// finish ends a stream that reached its end (err == nil): it writes what
+// the view still owes the client and flushes.
+func (c *stream) finish(err error) error {
+	if err != nil {
+		return err
+	}
+	if c.view == viewSeed {
+		c.buf = c.seed.end(c.buf[:0], c.last, c.sent)
+		if len(c.buf) > 0 {
+			if err := c.write(c.buf); err != nil {
+				return err
+			}
+			c.sent = c.last
+		}
+	}
+	return c.rc.Flush()
+}
+
 // live writes one live frame (without flushing); ended is true after the
-// terminal event.
+// final event.
 func (c *stream) live(f *frame) (ended bool, err error) {
 	if f.seq <= c.last {
 		return false, nil // replayed already
 	}
 	if f.seq > c.last+1 {
 		// Something between is missing here (published while we replayed,
-		// or lost by a reconnect): the log has it all, since nothing is
+		// by another writer of the timeline whose message comes later, or
+		// lost by a reconnect): the log has it all, since nothing is
 		// published before it is committed.
 		if ended, err := c.replay(); ended || err != nil {
 			return ended, err
@@ -348,15 +375,39 @@ func (c *stream) live(f *frame) (ended bool, err error) {
 		}
 		c.h.log.WarnContext(c.ctx, "sse: events missing from the log", "task_id", c.taskID, "after", c.last, "seq", f.seq)
 	}
-	if err := c.write(f.data); err != nil {
+	if c.view == viewFull {
+		if err := c.write(f.data); err != nil {
+			return false, err
+		}
+		c.last, c.sent = f.seq, f.seq
+		return f.final, nil
+	}
+	e, err := f.event()
+	if err != nil {
 		return false, err
 	}
-	c.last = f.seq
-	return f.terminal, nil
+	return c.writeSeed(e)
 }
 
-// checkStatus ends the stream of a task that stopped taking events without
-// a terminal one, after writing whatever the log still holds.
+// writeSeed writes e in the seed view; ended is true after the final event.
+func (c *stream) writeSeed(e *taskrunnerv1.Event) (ended bool, err error) {
+	var wrote bool
+	c.buf, wrote = c.seed.append(c.buf[:0], e)
+	if wrote {
+		if err := c.write(c.buf); err != nil {
+			return false, err
+		}
+		c.sent = e.GetSeq()
+	}
+	c.last = e.GetSeq()
+	return eventwire.Final(e), nil
+}
+
+// checkStatus is the safety net of a task that finished without a final
+// event on its timeline (one written before status_change existed, or by
+// an older control plane during an upgrade); it also ends the stream of a
+// revoked token or a task that is gone. A finished task's stream ends
+// after whatever the log still holds.
 func (c *stream) checkStatus() (bool, error) {
 	got, err := c.h.tasks.GetTask(c.ctx, &taskrunnerv1.GetTaskRequest{Id: c.taskID})
 	if err != nil {
@@ -367,7 +418,7 @@ func (c *stream) checkStatus() (bool, error) {
 		c.h.log.WarnContext(c.ctx, "sse: status check failed", "task_id", c.taskID, "error", err)
 		return false, nil
 	}
-	if acceptsEvents(got.GetTask().GetStatus()) {
+	if !eventwire.TerminalStatus(got.GetTask().GetStatus()) {
 		return false, nil
 	}
 	if _, err := c.replay(); err != nil {
@@ -377,7 +428,7 @@ func (c *stream) checkStatus() (bool, error) {
 }
 
 // replay writes every stored event after c.last, page by page; ended is
-// true once the terminal event is written.
+// true once the final event is written.
 func (c *stream) replay() (ended bool, err error) {
 	for {
 		resp, err := c.h.events.ListEvents(c.ctx, &taskrunnerv1.ListEventsRequest{
@@ -392,15 +443,22 @@ func (c *stream) replay() (ended bool, err error) {
 			if e.GetSeq() <= c.last {
 				continue
 			}
-			if c.buf, err = encodeFrame(c.buf[:0], e); err != nil {
-				return false, err
+			if c.view == viewSeed {
+				if ended, err = c.writeSeed(e); err != nil {
+					return false, err
+				}
+			} else {
+				if c.buf, err = encodeFrame(c.buf[:0], e); err != nil {
+					return false, err
+				}
+				if err := c.write(c.buf); err != nil {
+					return false, err
+				}
+				c.last, c.sent = e.GetSeq(), e.GetSeq()
+				ended = eventwire.Final(e)
 			}
-			if err := c.write(c.buf); err != nil {
-				return false, err
-			}
-			c.last = e.GetSeq()
-			if events.IsTerminal(e) {
-				return true, c.rc.Flush()
+			if ended {
+				return true, nil
 			}
 		}
 		if err := c.rc.Flush(); err != nil {
@@ -429,10 +487,12 @@ func (c *stream) arm() { _ = c.rc.SetWriteDeadline(time.Now().Add(c.h.cfg.WriteT
 // last arm. A watcher the hub has dropped writes nothing more (its cut may
 // already have passed, so the deadline must not let the write block long).
 func (c *stream) write(b []byte) error {
-	select {
-	case <-c.watcher.gone:
-		return errors.Join(errEnded, errors.New(c.watcher.reason))
-	default:
+	if c.watcher != nil {
+		select {
+		case <-c.watcher.gone:
+			return errors.Join(errEnded, errors.New(c.watcher.reason))
+		default:
+		}
 	}
 	_, err := c.w.Write(b)
 	return err
