@@ -66,9 +66,11 @@ export class Api {
     return json;
   }
 
-  listTasks({ pageSize = 50, pageToken = "" } = {}) {
+  listTasks({ pageSize = 50, pageToken = "", status = "", repo = "" } = {}) {
     const q = new URLSearchParams({ page_size: String(pageSize) });
     if (pageToken) q.set("page_token", pageToken);
+    if (status) q.set("status", status);
+    if (repo) q.set("repo", repo);
     return this.request("GET", `/v1/tasks?${q}`);
   }
 
@@ -78,6 +80,15 @@ export class Api {
 
   createTask(req, requestId) {
     return this.request("POST", "/v1/tasks", { body: req, headers: { "Idempotency-Key": requestId } }).then((r) => r.task);
+  }
+
+  dispatchTask(id) {
+    return this.request("POST", `${taskPath(id)}:dispatch`, { body: {} }).then((r) => r.task);
+  }
+
+  /** The task's trace as a waterfall (the console's own route, via Jaeger). */
+  getTrace(id) {
+    return this.request("GET", `/console/api/tasks/${encodeURIComponent(id)}/trace`);
   }
 
   cancelTask(id, reason) {

@@ -6,6 +6,8 @@ import { Api, ApiError, newRequestId } from "./api.js";
 import {
   TERMINAL, LIVE, STATE_TEXT, statusLabel, stageLabel, agentLabel, laterStage, outcomeOf, stageStates,
   formatDiff, formatUsage, formatTime, diffFromEvent, usageFromEvent, validateCreate,
+  actionsFor, streamShowsLive, statusChangeText, sandboxText, queueText, relativePaths, stageCosts,
+  formatDuration, waterfallBar, formatAge, formatCost, STATUS_FILTERS,
 } from "./model.js";
 
 const $ = (id) => document.getElementById(id);
@@ -13,7 +15,8 @@ const TOKEN_KEY = "taskrunner.token";
 const LIST_REFRESH_MS = 5000;
 const TASK_REFRESH_MS = 5000;
 const LOG_LINES = config.logTailLines || 200;
-const EVENT_NAMES = ["stage_change", "log", "diff_stats", "usage", "completed", "failed", "cancelled"];
+const EVENT_NAMES = ["stage_change", "log", "diff_stats", "usage", "completed", "failed", "cancelled",
+  "status_change", "queue_position", "sandbox"];
 
 // ---------------------------------------------------------------- session
 
@@ -156,6 +159,12 @@ document.querySelector("[data-skip]").addEventListener("click", (ev) => {
 
 // ---------------------------------------------------------------- task list
 
+const PAGE_SIZE = 20;
+// Filters and page survive going to a task and back (not a reload).
+const listState = { status: "", repo: "", tokens: [""] };
+
+for (const f of STATUS_FILTERS) $("filter-status").append(el("option", { value: f, text: f.replace(/_/g, " ") }));
+
 function showTasks() {
   showView("tasks");
   document.title = "Tasks · taskrunner";
@@ -163,25 +172,21 @@ function showTasks() {
   let timer = 0;
   let lastKey = "";
   let nextPageToken = "";
-  let pages = 1;
+  let tasks = [];
+  $("filter-status").value = listState.status;
+  $("filter-repo").value = listState.repo;
 
   async function refresh() {
     clearTimeout(timer);
     if (stopped) return;
     $("list-status").textContent = "Refreshing…";
     try {
-      // Re-read every page shown so far, so "Show more" survives refreshes.
-      let tasks = [];
-      let token = "";
-      for (let i = 0; i < pages; i++) {
-        const r = await api.listTasks({ pageSize: 50, pageToken: token });
-        tasks = tasks.concat(r.tasks || []);
-        token = r.next_page_token || "";
-        if (!token) break;
-      }
+      const r = await api.listTasks({ pageSize: PAGE_SIZE, pageToken: listState.tokens[listState.tokens.length - 1],
+        status: listState.status, repo: listState.repo });
       if (stopped) return;
-      nextPageToken = token;
-      renderRows(tasks);
+      nextPageToken = r.next_page_token || "";
+      tasks = r.tasks || [];
+      renderRows();
       $("list-status").textContent = `Updated ${new Date().toLocaleTimeString()}`;
     } catch (err) {
       if (stopped || handleAuthError(err)) return;
@@ -190,40 +195,73 @@ function showTasks() {
     if (!stopped) timer = setTimeout(refresh, LIST_REFRESH_MS);
   }
 
-  function renderRows(tasks) {
-    // Rebuild only when something changed, so focus and selection stay put.
-    const key = JSON.stringify(tasks.map((t) => [t.id, t.status, t.stage, t.update_time]));
+  function renderRows() {
+    const filtered = !!(listState.status || listState.repo);
     $("list-empty").hidden = tasks.length > 0;
-    $("list-more").hidden = !nextPageToken;
+    $("list-empty").textContent = filtered ? "No tasks match these filters." : "No tasks yet. Create one above.";
+    $("list-prev").disabled = listState.tokens.length <= 1;
+    $("list-next").disabled = !nextPageToken;
+    $("list-page").textContent = `Page ${listState.tokens.length}`;
+    // Rebuild only when something changed, so focus and selection stay put
+    // (the age column moves on by the minute).
+    const now = Date.now();
+    const key = JSON.stringify([tasks.map((t) => [t.id, t.status, t.stage, t.update_time]), Math.floor(now / 60000)]);
     if (key === lastKey) return;
     lastKey = key;
     const rows = tasks.map((t) => {
       const badge = el("span", { "data-testid": "status-badge" });
       setBadge(badge, t.status);
       const prompt = t.prompt.length > 90 ? `${t.prompt.slice(0, 90)}…` : t.prompt;
-      return el("tr", { "data-testid": "task-row", "data-task-id": t.id, "data-status": t.status },
+      const statusCell = el("td", {}, badge);
+      const q = queueText(t.status, t.queue_position);
+      if (q) statusCell.append(el("div", { class: "muted", "data-testid": "row-queue", text: q }));
+      else if (t.stage && t.status === "TASK_STATUS_RUNNING") statusCell.append(el("div", { class: "muted", text: stageLabel(t.stage) }));
+      const pr = t.pr_url ? externalLink(t.pr_url, t.pr_number && t.pr_number !== "0" ? `#${t.pr_number}` : "PR", "row-pr") : document.createTextNode("—");
+      const reason = t.failed_reason ? (t.failed_reason.length > 120 ? `${t.failed_reason.slice(0, 120)}…` : t.failed_reason) : "";
+      return el("tr", { "data-testid": "task-row", "data-task-id": t.id, "data-status": t.status, "data-repo": t.repo },
+        statusCell,
         el("td", {}, el("a", { href: `#/tasks/${encodeURIComponent(t.id)}`, "data-testid": "task-link", text: prompt || t.id })),
-        el("td", { text: `${t.repo} @ ${t.base_branch}` }),
-        el("td", {}, badge),
-        el("td", { text: stageLabel(t.stage) || "—" }),
-        el("td", { text: agentLabel(t.agent) }),
-        el("td", {}, el("time", { datetime: t.create_time, text: formatTime(t.create_time) })));
+        el("td", { text: `${t.repo} @ ${t.base_branch}`, "data-testid": "row-repo" }),
+        el("td", {}, pr),
+        el("td", { class: "cost", "data-testid": "row-cost", text: formatCost(t.usage) }),
+        el("td", { class: "reason", "data-testid": "row-reason", text: reason, title: t.failed_reason || undefined }),
+        el("td", { class: "age" }, el("time", { datetime: t.create_time, title: formatTime(t.create_time), text: formatAge(t.create_time, now) })));
     });
     $("task-rows").replaceChildren(...rows);
   }
 
+  const onFilter = (ev) => {
+    ev.preventDefault();
+    listState.status = $("filter-status").value;
+    listState.repo = $("filter-repo").value.trim();
+    listState.tokens = [""];
+    lastKey = "";
+    refresh();
+  };
+  const onClear = () => {
+    $("filter-status").value = "";
+    $("filter-repo").value = "";
+    $("list-filters").requestSubmit();
+  };
   const onRefresh = () => refresh();
-  const onMore = () => { pages++; refresh(); };
+  const onNext = () => { if (nextPageToken) { listState.tokens.push(nextPageToken); refresh(); } };
+  const onPrev = () => { if (listState.tokens.length > 1) { listState.tokens.pop(); refresh(); } };
   const onVisible = () => { if (!document.hidden) refresh(); };
+  $("list-filters").addEventListener("submit", onFilter);
+  $("filter-clear").addEventListener("click", onClear);
   $("list-refresh").addEventListener("click", onRefresh);
-  $("list-more").addEventListener("click", onMore);
+  $("list-next").addEventListener("click", onNext);
+  $("list-prev").addEventListener("click", onPrev);
   document.addEventListener("visibilitychange", onVisible);
   refresh();
   return () => {
     stopped = true;
     clearTimeout(timer);
+    $("list-filters").removeEventListener("submit", onFilter);
+    $("filter-clear").removeEventListener("click", onClear);
     $("list-refresh").removeEventListener("click", onRefresh);
-    $("list-more").removeEventListener("click", onMore);
+    $("list-next").removeEventListener("click", onNext);
+    $("list-prev").removeEventListener("click", onPrev);
     document.removeEventListener("visibilitychange", onVisible);
   };
 }
@@ -295,10 +333,17 @@ function showTask(id) {
   $("task-error").textContent = "";
   $("action-status").textContent = "";
   $("log").replaceChildren();
+  $("timeline").replaceChildren();
+  $("timeline-empty").hidden = false;
+  $("waterfall").replaceChildren();
+  $("stage-costs").replaceChildren();
+  $("stage-costs-empty").hidden = false;
+  $("trace-state").textContent = "";
   $("stage-announcer").textContent = "";
 
   // What the page shows: the task from REST, advanced by SSE events.
-  const st = { task: null, stage: "", outcome: "idle", lastSeq: 0, terminalSeen: false, announced: "" };
+  // costEvents: stage boundaries and cumulative usage, for the cost chart.
+  const st = { task: null, stage: "", outcome: "idle", lastSeq: 0, terminalSeen: false, announced: "", costEvents: [], traceFor: "" };
   let stopped = false;
   let es = null;
   let timer = 0;
@@ -320,7 +365,7 @@ function showTask(id) {
       if (link.title !== undefined) link.title = t.pr_url;
       $("pr").replaceChildren(link);
     } else {
-      $("pr").textContent = LIVE.has(t.status) ? "not opened yet" : "none";
+      $("pr").textContent = TERMINAL.has(t.status) ? "none" : "not opened yet";
     }
     if (t.trace_id && config.jaegerUrl) {
       $("trace").replaceChildren(externalLink(`${config.jaegerUrl}/trace/${encodeURIComponent(t.trace_id)}`, `View trace ${t.trace_id.slice(0, 16)} in Jaeger`, "trace-link"));
@@ -330,12 +375,24 @@ function showTask(id) {
     $("retry-of-row").hidden = !t.retry_of;
     if (t.retry_of) $("retry-of").replaceChildren(el("a", { href: `#/tasks/${encodeURIComponent(t.retry_of)}`, text: t.retry_of }));
     $("task-created").replaceChildren(el("time", { datetime: t.create_time, text: formatTime(t.create_time) }));
+    const q = queueText(t.status, t.queue_position);
+    $("queue-row").hidden = !q;
+    $("queue-position").textContent = q;
     const reason = t.failed_reason || "";
-    $("failed-reason").hidden = !reason;
+    $("failed-reason").hidden = !reason || !TERMINAL.has(t.status);
     $("failed-reason").textContent = reason ? `${t.status === "TASK_STATUS_CANCELLED" ? "Cancelled" : "Failed"}: ${reason}` : "";
-    $("cancel-button").hidden = TERMINAL.has(t.status);
-    $("retry-button").hidden = !(t.status === "TASK_STATUS_FAILED" || t.status === "TASK_STATUS_CANCELLED");
+    const can = actionsFor(t);
+    $("dispatch-button").hidden = !can.dispatch;
+    $("cancel-button").hidden = !can.cancel;
+    $("retry-button").hidden = !can.retry;
+    // Say what the click does before it is made.
+    const prName = t.pr_number && t.pr_number !== "0" ? `pull request #${t.pr_number}` : "the pull request";
+    $("cancel-warning").hidden = !can.cancelClosesPR;
+    $("cancel-warning").textContent = can.cancelClosesPR ? `Cancelling this task closes its open ${prName} without merging it.` : "";
+    $("cancel-button").textContent = can.cancelClosesPR ? "Cancel task and close PR" : "Cancel task";
+    if (es && $("stream-state").dataset.state !== "reconnecting") showStreamOpen();
     renderStages();
+    renderCosts();
   }
 
   function renderStages() {
@@ -351,6 +408,27 @@ function showTask(id) {
     if (msg && msg !== st.announced) $("stage-announcer").textContent = st.announced = msg;
   }
 
+  function renderCosts() {
+    const costs = stageCosts(st.costEvents);
+    $("stage-costs-empty").hidden = costs.length > 0;
+    const max = Math.max(1e-9, ...costs.map((c) => c.cost));
+    $("stage-costs").replaceChildren(...costs.map((c) => {
+      const bar = el("div", { class: "cost-bar" });
+      bar.style.width = `${((c.cost / max) * 100).toFixed(1)}%`;
+      return el("div", { class: "cost-row", role: "row", "data-testid": "stage-cost", "data-stage": stageLabel(c.stage) },
+        el("span", { role: "rowheader", text: stageLabel(c.stage) }),
+        el("div", { class: "cost-track", role: "cell", "aria-hidden": "true" }, bar),
+        el("span", { class: "cost-value", role: "cell", text: `$${c.cost.toFixed(4)}` }));
+    }));
+  }
+
+  function addTimeline(type, ev, text, actor) {
+    $("timeline-empty").hidden = true;
+    const time = ev.time ? el("time", { datetime: ev.time, title: formatTime(ev.time), text: new Date(ev.time).toLocaleTimeString() }) : el("time", { text: "" });
+    const body = el("span", { text });
+    $("timeline").append(el("li", { "data-testid": "timeline-item", "data-type": type, "data-actor": actor || undefined }, time, body));
+  }
+
   /** Merge a task read over REST without undoing what SSE already showed. */
   function applyTask(t) {
     st.task = t;
@@ -358,17 +436,18 @@ function showTask(id) {
     const o = outcomeOf(t);
     if (!(st.terminalSeen && o === "running")) st.outcome = o;
     render();
-    // A task that stopped taking events (cancelled before it ran, reaped)
-    // may never send a terminal event: give the stream a moment for any
-    // last events, then close it instead of waiting for the server.
-    if (!LIVE.has(t.status) && es && !graceTimer) graceTimer = setTimeout(() => closeStream("ended"), 3000);
+    // A task that ended without a final status_change on its timeline (one
+    // written before status_change existed): give the stream a moment for
+    // any last events, then close it instead of waiting for the server.
+    if (TERMINAL.has(t.status) && es && !graceTimer) graceTimer = setTimeout(() => closeStream("ended"), 3000);
+    maybeLoadTrace();
   }
 
   function appendLog(lines, stage) {
     const box = $("log");
     const follow = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
     const prefix = stage ? `[${stageLabel(stage)}] ` : "";
-    for (const line of lines) box.append(el("div", { class: "line", text: prefix + line }));
+    for (const line of lines) box.append(el("div", { class: "line", text: prefix + relativePaths(line) }));
     while (box.childElementCount > LOG_LINES) box.firstElementChild.remove();
     if (follow) box.scrollTop = box.scrollHeight;
   }
@@ -381,6 +460,7 @@ function showTask(id) {
     switch (name) {
       case "stage_change":
         st.stage = laterStage(st.stage, ev.stage_change.stage);
+        st.costEvents.push({ type: "stage", stage: ev.stage_change.stage });
         if (st.outcome === "idle") st.outcome = "running";
         // A replay of a finished task must not make it look running again.
         if (t && LIVE.has(t.status)) Object.assign(t, { status: "TASK_STATUS_RUNNING", stage: st.stage });
@@ -392,22 +472,45 @@ function showTask(id) {
         if (t) t.diff_stats = diffFromEvent(ev.diff_stats);
         break;
       case "usage":
+        st.costEvents.push({ type: "usage", cost: ev.usage.cost_usd });
         if (t) t.usage = usageFromEvent(ev.usage);
         break;
       case "completed":
-        st.terminalSeen = true;
+        // The runner is done; the task awaits review and its stream stays
+        // open until the final status_change.
         st.outcome = "completed";
-        if (t) Object.assign(t, { status: "TASK_STATUS_AWAITING_REVIEW", pr_url: ev.completed.pr_url, pr_number: ev.completed.pr_number });
+        if (t && !TERMINAL.has(t.status)) Object.assign(t, { status: "TASK_STATUS_AWAITING_REVIEW", pr_url: ev.completed.pr_url, pr_number: ev.completed.pr_number });
         break;
       case "failed":
-        st.terminalSeen = true;
         st.outcome = "failed";
-        if (t) Object.assign(t, { status: "TASK_STATUS_FAILED", failed_reason: ev.failed.reason || t.failed_reason, pr_url: ev.failed.pr_url || t.pr_url });
+        if (t) Object.assign(t, { failed_reason: ev.failed.reason || t.failed_reason, pr_url: ev.failed.pr_url || t.pr_url });
         break;
       case "cancelled":
-        st.terminalSeen = true;
         st.outcome = "cancelled";
-        if (t) Object.assign(t, { status: "TASK_STATUS_CANCELLED", failed_reason: ev.cancelled.reason || t.failed_reason });
+        if (t) Object.assign(t, { failed_reason: ev.cancelled.reason || t.failed_reason });
+        break;
+      case "status_change": {
+        const sc = ev.status_change;
+        addTimeline("status_change", ev, statusChangeText(sc), sc.actor);
+        if (t) {
+          t.status = sc.to;
+          t.queue_position = sc.to === "TASK_STATUS_QUEUED" ? sc.queue_position : "0";
+          if ((sc.to === "TASK_STATUS_FAILED" || sc.to === "TASK_STATUS_CANCELLED") && sc.reason) t.failed_reason = sc.reason;
+        }
+        if (TERMINAL.has(sc.to)) {
+          st.terminalSeen = true;
+          if (!(sc.to === "TASK_STATUS_CANCELLED" && st.outcome === "completed")) st.outcome = outcomeOf({ status: sc.to, pr_url: t && t.pr_url });
+        } else if (sc.to === "TASK_STATUS_RUNNING" && st.outcome === "idle") {
+          st.outcome = "running";
+        }
+        break;
+      }
+      case "queue_position":
+        addTimeline("queue_position", ev, `now ${queueText("TASK_STATUS_QUEUED", ev.queue_position.position)}`);
+        if (t && t.status === "TASK_STATUS_QUEUED") t.queue_position = ev.queue_position.position;
+        break;
+      case "sandbox":
+        addTimeline("sandbox", ev, sandboxText(ev.sandbox));
         break;
     }
     render();
@@ -420,6 +523,13 @@ function showTask(id) {
   function setStreamState(state, text) {
     $("stream-state").dataset.state = state;
     $("stream-state").textContent = text;
+  }
+
+  /** An open stream is "● live" only once the task runs. */
+  function showStreamOpen() {
+    const s = st.task ? st.task.status : "";
+    if (streamShowsLive(s)) setStreamState("live", "live");
+    else setStreamState("waiting", s === "TASK_STATUS_QUEUED" ? "waiting for capacity" : "not started");
   }
 
   function closeStream(state) {
@@ -439,18 +549,19 @@ function showTask(id) {
         onEvent(name, data);
       });
     }
-    es.onopen = () => setStreamState("live", "live");
+    es.onopen = () => showStreamOpen();
     es.onerror = () => {
       if (!es) return;
       if (es.readyState === EventSource.CLOSED) {
-        // Refused (401, 404 …): EventSource gives up; polling carries on.
+        // 204 after the final event, or refused (401, 404 …): EventSource
+        // gives up; polling carries on.
         es = null;
-        setStreamState("unavailable", "live updates unavailable; refreshing every few seconds");
+        if (st.task && TERMINAL.has(st.task.status)) setStreamState("ended", "stream ended");
+        else setStreamState("unavailable", "live updates unavailable; refreshing every few seconds");
         load();
         return;
       }
-      // The server ended the stream or the network dropped: EventSource
-      // reconnects with Last-Event-ID unless the task has nothing more to say.
+      // The network dropped: EventSource reconnects with Last-Event-ID.
       setStreamState("reconnecting", "reconnecting…");
       load();
     };
@@ -464,17 +575,67 @@ function showTask(id) {
       if (stopped) return;
       applyTask(t);
       $("task-error").textContent = "";
-      if (!LIVE.has(t.status) && es && es.readyState !== EventSource.OPEN) closeStream("ended");
+      if (TERMINAL.has(t.status) && es && es.readyState !== EventSource.OPEN) closeStream("ended");
       if (!es && !st.terminalSeen && $("stream-state").dataset.state === "idle") openStream();
     } catch (err) {
       if (stopped || handleAuthError(err)) return;
       $("task-error").textContent = err.status === 404 ? `Task ${id} not found.` : `Could not load the task: ${err.message}`;
       if (err.status === 404) { closeStream(); return; }
     }
-    // Poll while anything can still change: queued → running, and
-    // awaiting_review → done (the merge webhook emits no event).
     if (!stopped && !TERMINAL.has(st.task ? st.task.status : "")) timer = setTimeout(load, TASK_REFRESH_MS);
   }
+
+  // ------------------------------------------------------------ trace
+
+  /** Load the waterfall once the runner is done (its spans are exported by then). */
+  function maybeLoadTrace() {
+    const t = st.task;
+    if (!t || !config.traceApi || !t.trace_id) {
+      $("trace-card").hidden = !t || !config.traceApi;
+      return;
+    }
+    $("trace-card").hidden = false;
+    const key = `${t.status}`;
+    if (st.traceFor === key || LIVE.has(t.status)) return;
+    st.traceFor = key;
+    loadTrace();
+  }
+
+  async function loadTrace() {
+    $("trace-state").textContent = "Loading…";
+    try {
+      const wf = await api.getTrace(id);
+      if (stopped) return;
+      renderWaterfall(wf);
+      const errors = wf.spans.filter((s) => s.error).length;
+      $("trace-state").textContent = `${wf.spans.length} spans, ${formatDuration(wf.duration_us)}${errors ? `, ${errors} with errors` : ""}`;
+    } catch (err) {
+      if (stopped || handleAuthError(err)) return;
+      $("trace-state").textContent = `Trace unavailable: ${err.message}`;
+    }
+  }
+
+  function renderWaterfall(wf) {
+    const rows = wf.spans.map((s) => {
+      const bar = el("div", { class: "span-bar" });
+      const b = waterfallBar(s, wf.duration_us);
+      bar.style.left = `${b.left}%`;
+      bar.style.width = `${b.width}%`;
+      const label = el("div", { class: "span-label", role: "cell",
+        title: `${s.service} ${s.name}${s.error_message ? ` — ${s.error_message}` : ""}` },
+      el("span", { class: "span-service", text: s.service }), el("span", { class: "span-name", text: s.name }));
+      label.style.paddingLeft = `${Math.min(s.depth, 12) * 0.9}rem`;
+      if (s.cost_usd !== undefined) label.append(el("span", { class: "muted", text: ` $${Number(s.cost_usd).toFixed(4)}` }));
+      if (s.error) label.append(el("span", { class: "muted", text: ` ✕ ${s.error_message || "error"}` }));
+      return el("div", { class: "span-row", role: "row", "data-testid": "span-row", "data-name": s.name, "data-service": s.service,
+        "data-error": s.error ? "true" : "false" },
+      label, el("div", { class: "span-track", role: "cell", "aria-hidden": "true" }, bar),
+      el("div", { class: "span-dur", role: "cell", text: formatDuration(s.duration_us) }));
+    });
+    $("waterfall").replaceChildren(...rows);
+  }
+
+  // ------------------------------------------------------------ actions
 
   async function act(button, what, fn) {
     button.disabled = true;
@@ -489,6 +650,13 @@ function showTask(id) {
     }
   }
 
+  const onDispatch = () => act($("dispatch-button"), "Dispatching", async () => {
+    const t = await api.dispatchTask(id);
+    applyTask(t);
+    $("action-status").textContent = t.status === "TASK_STATUS_QUEUED" ? "Dispatched: queued." : "Dispatched.";
+    if (!es && !st.terminalSeen) openStream();
+    load();
+  });
   const onCancel = () => act($("cancel-button"), "Cancelling", async () => {
     applyTask(await api.cancelTask(id, "cancelled from the console"));
     $("action-status").textContent = "Cancelled.";
@@ -497,27 +665,32 @@ function showTask(id) {
     const t = await api.retryTask(id, newRequestId());
     navigate(`#/tasks/${encodeURIComponent(t.id)}`);
   });
+  const onTrace = () => loadTrace();
+  $("dispatch-button").addEventListener("click", onDispatch);
   $("cancel-button").addEventListener("click", onCancel);
   $("retry-button").addEventListener("click", onRetry);
+  $("trace-refresh").addEventListener("click", onTrace);
 
   // Reset what the previous task page left.
   setStreamState("idle", "");
   for (const li of document.querySelectorAll("#stages > li")) li.dataset.state = "pending";
-  for (const tid of ["task-prompt", "task-repo", "task-agent", "diff-stats", "cost", "pr", "trace", "task-created", "failed-reason"]) $(tid).textContent = "";
+  for (const tid of ["task-prompt", "task-repo", "task-agent", "diff-stats", "cost", "pr", "trace", "task-created", "failed-reason", "cancel-warning"]) $(tid).textContent = "";
   $("task-title").textContent = "Task";
   $("task-status").textContent = "";
-  $("cancel-button").hidden = true;
-  $("retry-button").hidden = true;
+  for (const b of ["dispatch-button", "cancel-button", "retry-button", "cancel-warning", "queue-row"]) $(b).hidden = true;
+  $("trace-card").hidden = true;
   // Every task's stream replays its whole history first, so finished tasks
-  // show their log too.
+  // show their log and timeline too.
   load();
 
   return () => {
     stopped = true;
     clearTimeout(timer);
     closeStream();
+    $("dispatch-button").removeEventListener("click", onDispatch);
     $("cancel-button").removeEventListener("click", onCancel);
     $("retry-button").removeEventListener("click", onRetry);
+    $("trace-refresh").removeEventListener("click", onTrace);
   };
 }
 

@@ -121,3 +121,131 @@ export function validateCreate(req) {
   }
   return errors;
 }
+
+// ---------------------------------------------------------------- daily work
+
+/** The actions a task's page and row offer, by status. */
+export function actionsFor(task) {
+  const s = task ? task.status : "";
+  return {
+    dispatch: s === "TASK_STATUS_PROPOSING",
+    cancel: !!s && !TERMINAL.has(s),
+    // Cancelling an awaiting-review task closes its open pull request.
+    cancelClosesPR: s === "TASK_STATUS_AWAITING_REVIEW",
+    retry: s === "TASK_STATUS_FAILED" || s === "TASK_STATUS_CANCELLED",
+  };
+}
+
+/** The page shows "● live" only once the task runs (not while proposing or queued). */
+export function streamShowsLive(status) {
+  return status === "TASK_STATUS_RUNNING" || status === "TASK_STATUS_AWAITING_REVIEW";
+}
+
+/** "user:alice" → "alice"; the control plane's actors keep their names. */
+export function actorLabel(actor) {
+  if (!actor) return "";
+  return actor.startsWith("user:") ? actor.slice(5) : actor;
+}
+
+/** One line for a status_change event: "queued → running · by dispatch · capacity freed". */
+export function statusChangeText(sc) {
+  const parts = [`${sc.from ? statusLabel(sc.from) : "created"} → ${statusLabel(sc.to)}`];
+  if (n(sc.queue_position) > 0 && sc.to === "TASK_STATUS_QUEUED") parts.push(`position ${n(sc.queue_position)} in the queue`);
+  if (sc.actor) parts.push(`by ${actorLabel(sc.actor)}`);
+  if (sc.reason) parts.push(sc.reason);
+  return parts.join(" · ");
+}
+
+/** One line for a sandbox event: "sandbox started (process, id sb-1)". */
+export function sandboxText(sb) {
+  const what = [sb.provider, sb.sandbox_id ? `id ${sb.sandbox_id}` : ""].filter(Boolean).join(", ");
+  return `sandbox ${sb.state || "changed"}${what ? ` (${what})` : ""}${sb.reason ? `: ${sb.reason}` : ""}`;
+}
+
+/** "position 2 in the queue" text for a queued task, "" otherwise. */
+export function queueText(status, position) {
+  if (status !== "TASK_STATUS_QUEUED") return "";
+  const p = n(position);
+  return p > 0 ? `#${p} in the dispatch queue${p === 1 ? " (next to start)" : ""}` : "waiting for capacity";
+}
+
+// Absolute paths inside the sandbox, up to and including the repository
+// checkout: the runner works in <root>/repo where root is TASKRUNNER_WORKDIR
+// (docker: /workspace; process provider: …/<sandbox>/work) or a temporary
+// taskrunner-<task>-* directory.
+const SANDBOX_REPO = /(?:\/[^\s"'`()<>:]*)?\/(?:workspace|work|taskrunner-[A-Za-z0-9._-]+)\/repo(?:\/|(?=[\s"'`):,]|$))/g;
+const SANDBOX_HOME = /(?:\/[^\s"'`()<>:]*)?\/(?:workspace|work|taskrunner-[A-Za-z0-9._-]+)\/home(?:\/|(?=[\s"'`):,]|$))/g;
+const WORKSPACE = /(^|[\s"'`(=])\/workspace\//g;
+
+/** relativePaths makes the sandbox's absolute paths in a log line relative to the repository. */
+export function relativePaths(line) {
+  return line
+    .replace(SANDBOX_REPO, (m) => (m.endsWith("/") ? "" : "."))
+    .replace(SANDBOX_HOME, (m) => (m.endsWith("/") ? "~/" : "~"))
+    .replace(WORKSPACE, "$1");
+}
+
+/**
+ * stageCosts splits the agent's cumulative cost (usage events) by stage
+ * (stage_change events mark the boundaries). events: [{type: "stage", stage}
+ * | {type: "usage", cost}] in timeline order. Returns [{stage, cost}] for
+ * the stages seen, in order; usage before the first stage counts to it.
+ */
+export function stageCosts(events) {
+  const out = [];
+  let last = 0;
+  let cur = null;
+  let early = 0;
+  for (const e of events) {
+    if (e.type === "stage") {
+      if (!cur || cur.stage !== e.stage) {
+        cur = { stage: e.stage, cost: 0 };
+        if (!out.length) { cur.cost = early; early = 0; }
+        out.push(cur);
+      }
+    } else if (e.type === "usage") {
+      const c = n(e.cost);
+      const d = Math.max(0, c - last);
+      last = Math.max(last, c);
+      if (cur) cur.cost += d; else early += d;
+    }
+  }
+  return out;
+}
+
+/** "1.2 s", "340 ms", "2 min 5 s" for microseconds. */
+export function formatDuration(us) {
+  const v = n(us);
+  if (v < 1000) return `${v} µs`;
+  if (v < 1e6) return `${Math.round(v / 1000)} ms`;
+  const s = v / 1e6;
+  if (s < 60) return `${s.toFixed(1)} s`;
+  return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+}
+
+/** The bar of a waterfall span, in percent of the trace's duration. */
+export function waterfallBar(span, total) {
+  const t = Math.max(1, n(total));
+  const left = Math.min(100, (n(span.start_us) / t) * 100);
+  const width = Math.max(0.3, Math.min(100 - left, (n(span.duration_us) / t) * 100));
+  return { left: +left.toFixed(2), width: +width.toFixed(2) };
+}
+
+/** "just now", "5 min", "3 h", "2 d" between ts and now (ms). */
+export function formatAge(ts, now) {
+  const t = new Date(ts).getTime();
+  if (!ts || Number.isNaN(t)) return "";
+  const s = Math.max(0, Math.round((now - t) / 1000));
+  if (s < 60) return "just now";
+  if (s < 3600) return `${Math.floor(s / 60)} min`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h`;
+  return `${Math.floor(s / 86400)} d`;
+}
+
+/** The cost of a task for the list: "$0.29", "—" when nothing was spent. */
+export function formatCost(u) {
+  const usd = u ? n(u.cost_usd) : 0;
+  return usd > 0 ? `$${usd.toFixed(usd < 1 ? 4 : 2)}` : "—";
+}
+
+export const STATUS_FILTERS = ["proposing", "queued", "running", "awaiting_review", "done", "failed", "cancelled"];

@@ -15,4 +15,39 @@ assert.deepEqual(m.validateCreate({repo:"-x/y", prompt:"p"}), {repo:'repo: owner
 assert.equal(m.formatDiff({additions:"2737", deletions:"4", files_changed:"1"}), "+2,737 −4, 1 file");
 assert.equal(m.formatUsage({cost_usd:0.2932, tokens_in:"38000", tokens_out:"7060"}), "$0.2932 · 38,000 tokens in, 7,060 out");
 assert.equal(m.statusLabel("TASK_STATUS_AWAITING_REVIEW"), "awaiting review");
+// daily work
+assert.deepEqual(m.actionsFor({status:"TASK_STATUS_PROPOSING"}), {dispatch:true, cancel:true, cancelClosesPR:false, retry:false});
+assert.deepEqual(m.actionsFor({status:"TASK_STATUS_AWAITING_REVIEW"}), {dispatch:false, cancel:true, cancelClosesPR:true, retry:false});
+assert.deepEqual(m.actionsFor({status:"TASK_STATUS_FAILED"}), {dispatch:false, cancel:false, cancelClosesPR:false, retry:true});
+assert.equal(m.streamShowsLive("TASK_STATUS_QUEUED"), false);
+assert.equal(m.streamShowsLive("TASK_STATUS_PROPOSING"), false);
+assert.equal(m.streamShowsLive("TASK_STATUS_RUNNING"), true);
+assert.equal(m.statusChangeText({from:"TASK_STATUS_PROPOSING", to:"TASK_STATUS_QUEUED", actor:"user:alice", queue_position:"2", reason:"repository at capacity"}),
+  "proposing → queued · position 2 in the queue · by alice · repository at capacity");
+assert.equal(m.statusChangeText({to:"TASK_STATUS_PROPOSING", actor:"user:bob"}), "created → proposing · by bob");
+assert.equal(m.statusChangeText({from:"TASK_STATUS_RUNNING", to:"TASK_STATUS_FAILED", actor:"reaper", reason:"timeout"}), "running → failed · by reaper · timeout");
+assert.equal(m.sandboxText({state:"started", provider:"process", sandbox_id:"tr-1"}), "sandbox started (process, id tr-1)");
+assert.equal(m.sandboxText({state:"failed", provider:"docker", reason:"no image"}), "sandbox failed (docker): no image");
+assert.equal(m.queueText("TASK_STATUS_QUEUED", "1"), "#1 in the dispatch queue (next to start)");
+assert.equal(m.queueText("TASK_STATUS_QUEUED", "3"), "#3 in the dispatch queue");
+assert.equal(m.queueText("TASK_STATUS_RUNNING", "3"), "");
+assert.equal(m.relativePaths("> Write: /workspace/repo/openspec/changes/x/proposal.md"), "> Write: openspec/changes/x/proposal.md");
+assert.equal(m.relativePaths("edit /tmp/e2e/sandboxes/tr-abc/work/repo/greet done"), "edit greet done");
+assert.equal(m.relativePaths("cd /tmp/taskrunner-1234-5678/repo && ls"), "cd . && ls");
+assert.equal(m.relativePaths("cfg /workspace/home/.claude.json"), "cfg ~/.claude.json");
+assert.equal(m.relativePaths("cat /workspace/notes.txt"), "cat notes.txt");
+assert.equal(m.relativePaths("docs/workspace/x.md"), "docs/workspace/x.md");
+assert.equal(m.relativePaths("see https://example.com/x and /usr/bin/git"), "see https://example.com/x and /usr/bin/git");
+assert.deepEqual(m.stageCosts([{type:"usage", cost:0.01}, {type:"stage", stage:"TASK_STAGE_EXPLORE"}, {type:"usage", cost:0.05},
+  {type:"stage", stage:"TASK_STAGE_PROPOSE"}, {type:"usage", cost:0.12}, {type:"usage", cost:0.2}, {type:"stage", stage:"TASK_STAGE_APPLY"}])
+  .map((x) => [x.stage, +x.cost.toFixed(4)]), [["TASK_STAGE_EXPLORE", 0.05], ["TASK_STAGE_PROPOSE", 0.15], ["TASK_STAGE_APPLY", 0]]);
+assert.equal(m.formatDuration(1500), "2 ms");
+assert.equal(m.formatDuration(2500000), "2.5 s");
+assert.equal(m.formatDuration(125e6), "2 min 5 s");
+assert.deepEqual(m.waterfallBar({start_us:250, duration_us:500}, 1000), {left:25, width:50});
+assert.deepEqual(m.waterfallBar({start_us:"0", duration_us:"0"}, "1000"), {left:0, width:0.3});
+assert.equal(m.formatAge("2026-01-01T00:00:00Z", Date.parse("2026-01-01T00:05:30Z")), "5 min");
+assert.equal(m.formatAge("2026-01-01T00:00:00Z", Date.parse("2026-01-03T01:00:00Z")), "2 d");
+assert.equal(m.formatCost({cost_usd:0.2932}), "$0.2932");
+assert.equal(m.formatCost(undefined), "—");
 console.log("ok");
