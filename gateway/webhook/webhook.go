@@ -329,9 +329,13 @@ func (h *Handler) pullRequest(ctx context.Context, d verifiedDelivery, ev *githu
 		lg.InfoContext(ctx, "webhook ignored: task is not awaiting review", "status", t.GetStatus().String())
 		return ok(http.StatusAccepted, reply{Result: "ignored", Detail: "task is not awaiting review", TaskID: id, Status: t.GetStatus().String()})
 	}
-	req := &taskrunnerv1.AdvanceTaskRequest{TaskId: id, RequestId: requestIDPrefix + d.id}
+	req := &taskrunnerv1.AdvanceTaskRequest{TaskId: id, RequestId: requestIDPrefix + d.id, Actor: "github"}
 	if pr.GetMerged() {
 		req.Status = taskrunnerv1.TaskStatus_TASK_STATUS_DONE
+		req.Reason = fmt.Sprintf("pull request #%d merged", number)
+		if by := pr.GetMergedBy().GetLogin(); by != "" {
+			req.Reason += " by " + by
+		}
 	} else {
 		req.Status = taskrunnerv1.TaskStatus_TASK_STATUS_CANCELLED
 		req.FailedReason = fmt.Sprintf("pull request #%d closed without merge", number)

@@ -262,7 +262,7 @@ func TestCancelChannelRoundTrip(t *testing.T) {
 	id, ok := taskFromCancelChannel("p:", CancelChannel("p:", "abc"))
 	require.True(t, ok)
 	require.Equal(t, "abc", id)
-	_, ok = taskFromCancelChannel("p:", Channel("p:", "abc"))
+	_, ok = taskFromCancelChannel("p:", eventwire.Channel("p:", "abc"))
 	require.False(t, ok)
-	require.Equal(t, "p:taskrunner:task:abc:events", Channel("p:", "abc"))
+	require.Equal(t, "p:taskrunner:task:abc:events", eventwire.Channel("p:", "abc"))
 }

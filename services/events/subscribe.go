@@ -52,7 +52,7 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 	if req.GetAfterSeq() < 0 {
 		return errs.Invalid("after_seq", "must not be negative")
 	}
-	ps := s.rdb.Subscribe(ctx, Channel(s.cfg.RedisPrefix, id))
+	ps := s.rdb.Subscribe(ctx, eventwire.Channel(s.cfg.RedisPrefix, id))
 	defer ps.Close()
 	if _, err := ps.Receive(ctx); err != nil {
 		return status.Error(codes.Unavailable, "event fan-out is unavailable")

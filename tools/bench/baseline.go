@@ -20,7 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/services/events"
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 )
 
 // The baseline is a faithful small model of the design the runner
@@ -101,23 +101,23 @@ func (s *BaselineServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 		return
 	}
-	ev, err := events.DecodeEvent(cb.Event)
-	if err != nil || ev.GetSeq() < 1 || events.TypeName(ev) == "" {
+	ev, err := eventwire.DecodeEvent(cb.Event)
+	if err != nil || ev.GetSeq() < 1 || eventwire.TypeName(ev) == "" {
 		http.Error(w, "bad event", http.StatusBadRequest)
 		return
 	}
-	payload, err := events.EncodeEvent(ev)
+	payload, err := eventwire.EncodeEvent(ev)
 	if err != nil {
 		http.Error(w, "encode", http.StatusInternalServerError)
 		return
 	}
 	ctx := r.Context()
-	if _, err := s.pool.Exec(ctx, insertEventSQL, cb.TaskID, ev.GetSeq(), events.TypeName(ev), payload); err != nil {
+	if _, err := s.pool.Exec(ctx, insertEventSQL, cb.TaskID, ev.GetSeq(), eventwire.TypeName(ev), payload); err != nil {
 		s.log.Warn("baseline: insert failed", "error", err)
 		http.Error(w, "store", http.StatusInternalServerError)
 		return
 	}
-	if err := s.rdb.Publish(ctx, events.Channel(s.prefix, cb.TaskID), events.EncodeMessage(ev.GetSeq(), events.TypeName(ev), payload)).Err(); err != nil {
+	if err := s.rdb.Publish(ctx, eventwire.Channel(s.prefix, cb.TaskID), eventwire.EncodeMessage(ev.GetSeq(), eventwire.TypeName(ev), false, payload)).Err(); err != nil {
 		s.log.Warn("baseline: publish failed", "error", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -151,7 +151,7 @@ type baselineClient struct {
 // post sends one event and waits for the answer (with two retries on a
 // transport error, as the old runner did).
 func (c *baselineClient) post(ctx context.Context, ev *taskrunnerv1.Event) error {
-	raw, err := events.EncodeEvent(ev)
+	raw, err := eventwire.EncodeEvent(ev)
 	if err != nil {
 		return err
 	}

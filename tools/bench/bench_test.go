@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/services/events"
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 )
 
 // clientEnv makes this test binary the benchmark's client process (see
@@ -140,7 +140,7 @@ func TestSignVerify(t *testing.T) {
 
 func TestEventTimeReadsProtojson(t *testing.T) {
 	when := time.Date(2026, 3, 4, 5, 6, 7, 891011121, time.UTC)
-	b, err := events.EncodeEvent(&taskrunnerv1.Event{Seq: 3, Time: timestamppb.New(when),
+	b, err := eventwire.EncodeEvent(&taskrunnerv1.Event{Seq: 3, Time: timestamppb.New(when),
 		Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{`a "time": "1999-01-01T00:00:00Z" look-alike`}}}})
 	require.NoError(t, err)
 	got, err := EventTime(b)

@@ -30,9 +30,9 @@ import (
 // taskrunner's events are published the way the product publishes them: a
 // runner (runner/eventsclient, mTLS) sends each event to the Events
 // service, which commits it to PostgreSQL, acknowledges it and publishes
-// events.EncodeMessage to the task's Redis channel, where the gateway's hub
+// eventwire.EncodeMessage to the task's Redis channel, where the gateway's hub
 // picks it up. Mercure's publisher POSTs the same event JSON
-// (events.EncodeEvent: seq, time, payload) with the SSE id and event type
+// (eventwire.EncodeEvent: seq, time, payload) with the SSE id and event type
 // taskrunner would send; Mercure's Bolt transport persists it before the
 // fan-out. A publisher's acknowledgement is thus, on both sides, "stored
 // durably and handed to the fan-out".

@@ -23,7 +23,7 @@ import (
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/eventsclient"
-	"github.com/taskrunner/taskrunner/services/events"
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 )
 
 // RunSSEClient is bench-sse's client process. The parent and the child
@@ -376,12 +376,12 @@ type mercurePublisher struct {
 }
 
 func (p *mercurePublisher) publish(ctx context.Context, ev *eventT, _ bool) error {
-	data, err := events.EncodeEvent(ev)
+	data, err := eventwire.EncodeEvent(ev)
 	if err != nil {
 		return err
 	}
 	form := url.Values{"topic": {p.topic}, "data": {string(data)}, "id": {mercureID(ev.GetSeq(), p.taskID)},
-		"type": {events.TypeName(ev)}, "private": {"on"}}
+		"type": {eventwire.TypeName(ev)}, "private": {"on"}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, strings.NewReader(form.Encode()))
 	if err != nil {
 		return err

@@ -192,36 +192,98 @@ type sseEvent struct {
 	data     map[string]any
 }
 
-// follow reads the task's SSE stream until it ends.
-func (s *stack) follow(t *testing.T, id string) []sseEvent {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+// follow reads the task's SSE stream in the background: every event goes
+// to the returned channel, which is closed when the stream ends.
+func (s *stack) follow(t *testing.T, id, lastEventID string) (<-chan sseEvent, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.api+"/v1/tasks/"+id+"/events", nil)
 	req.Header.Set("Authorization", "Bearer "+s.token)
+	if lastEventID != "" {
+		req.Header.Set("Last-Event-ID", lastEventID)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	out := make(chan sseEvent, 1024)
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		close(out)
+		return out, resp.StatusCode
+	}
 	require.Equal(t, "text/event-stream", strings.Split(resp.Header.Get("Content-Type"), ";")[0])
+	go func() {
+		defer cancel()
+		defer resp.Body.Close()
+		defer close(out)
+		var cur sseEvent
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "id: "):
+				cur.id = strings.TrimPrefix(line, "id: ")
+			case strings.HasPrefix(line, "event: "):
+				cur.name = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: "):
+				if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &cur.data) != nil {
+					cur.data = map[string]any{"undecodable": line}
+				}
+			case line == "" && cur.name != "":
+				out <- cur
+				cur = sseEvent{}
+			}
+		}
+	}()
+	return out, resp.StatusCode
+}
+
+// until collects events from ch up to and including the first for which
+// stop is true (or to the end of the stream).
+func until(t *testing.T, ch <-chan sseEvent, stop func(sseEvent) bool) []sseEvent {
+	t.Helper()
 	var evs []sseEvent
-	var cur sseEvent
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "id: "):
-			cur.id = strings.TrimPrefix(line, "id: ")
-		case strings.HasPrefix(line, "event: "):
-			cur.name = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "data: "):
-			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &cur.data))
-		case line == "" && cur.name != "":
-			evs = append(evs, cur)
-			cur = sseEvent{}
+	timeout := time.After(5 * time.Minute)
+	for {
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				return evs
+			}
+			evs = append(evs, e)
+			if stop(e) {
+				return evs
+			}
+		case <-timeout:
+			t.Fatalf("the stream gave %d events and no end", len(evs))
 		}
 	}
-	return evs
+}
+
+// statusTo is the status a status_change frame moves to ("" otherwise).
+func statusTo(e sseEvent) string {
+	if e.name != "status_change" {
+		return ""
+	}
+	to, _ := e.data["status_change"].(map[string]any)["to"].(string)
+	return to
+}
+
+// timelineOf renders events as "type" or "status_change:<to>/<actor>".
+func timelineOf(evs []sseEvent) []string {
+	var out []string
+	for _, e := range evs {
+		switch e.name {
+		case "status_change":
+			sc := e.data["status_change"].(map[string]any)
+			out = append(out, fmt.Sprintf("status_change:%s/%s", strings.TrimPrefix(sc["to"].(string), "TASK_STATUS_"), sc["actor"]))
+		case "sandbox":
+			out = append(out, "sandbox:"+e.data["sandbox"].(map[string]any)["state"].(string))
+		default:
+			out = append(out, e.name)
+		}
+	}
+	return out
 }
 
 func TestEndToEnd(t *testing.T) {
@@ -241,7 +303,10 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, "TASK_STATUS_RUNNING", body["task"].(map[string]any)["status"])
 
-	evs := s.follow(t, id)
+	stream, code := s.follow(t, id, "")
+	require.Equal(t, http.StatusOK, code)
+	// The stream stays open through awaiting_review.
+	evs := until(t, stream, func(e sseEvent) bool { return statusTo(e) == "TASK_STATUS_AWAITING_REVIEW" })
 	require.NotEmpty(t, evs)
 	var stages []string
 	var lastDiff map[string]any
@@ -259,8 +324,8 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"TASK_STAGE_EXPLORE", "TASK_STAGE_PROPOSE", "TASK_STAGE_APPLY", "TASK_STAGE_ARCHIVE"}, stages)
-	last := evs[len(evs)-1]
-	require.Equal(t, "completed", last.name, "the stream ends with completed")
+	last := evs[len(evs)-2]
+	require.Equal(t, "completed", last.name, "the runner's last event is completed, then the status change")
 	prURL := last.data["completed"].(map[string]any)["pr_url"].(string)
 	require.True(t, strings.HasPrefix(prURL, s.forgeURL+"/demo/greet/pull/"), prURL)
 	require.NotNil(t, lastDiff)
@@ -310,6 +375,23 @@ func TestEndToEnd(t *testing.T) {
 		_, body := s.do(t, http.MethodGet, s.api+"/v1/tasks/"+id, bearer, "")
 		return body["task"].(map[string]any)["status"] == "TASK_STATUS_DONE"
 	}, 30*time.Second, 200*time.Millisecond)
+	// The same stream pushes done, then ends.
+	rest := until(t, stream, func(sseEvent) bool { return false })
+	evs = append(evs, rest...)
+	for _, e := range rest {
+		n, err := strconv.Atoi(e.id)
+		require.NoError(t, err)
+		require.Equal(t, prev+1, n, "no gap or duplicate after awaiting_review")
+		prev = n
+	}
+	tl := timelineOf(evs)
+	require.Equal(t, []string{"status_change:PROPOSING/user:dev", "status_change:RUNNING/user:dev", "sandbox:started"}, tl[:3], "%v", tl)
+	require.Equal(t, "status_change:DONE/github", tl[len(tl)-1], "the timeline ends at the merge: %v", tl)
+	require.Contains(t, strings.Join(tl, " "), "completed status_change:AWAITING_REVIEW/runner", "%v", tl)
+	require.Contains(t, tl, "sandbox:destroyed", "the sandbox goes when the runner finishes: %v", tl)
+	// Reconnecting after the end gets 204: EventSource stops, no loop.
+	_, code = s.follow(t, id, strconv.Itoa(prev))
+	require.Equal(t, http.StatusNoContent, code)
 
 	checkTrace(t, s, traceID)
 	checkMetrics(t, s)
@@ -338,7 +420,7 @@ type jaegerTrace struct {
 // holding spans of every process, with parent links across them.
 func checkTrace(t *testing.T, s *stack, traceID string) {
 	want := []string{"task.create", "dispatch", "sandbox.create", "runner", "stage.explore", "stage.propose", "stage.apply",
-		"stage.archive", "git.clone", "git.push", "github.pr.create"}
+		"stage.archive", "git.clone", "git.push", "github.pr.create", "task.advance"}
 	var tr jaegerTrace
 	var missing []string
 	require.Eventually(t, func() bool {
