@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -145,13 +148,13 @@ func run() error {
 	}
 	// otelhttp: one server span per request, continuing the caller's W3C
 	// trace context; health, readiness and metrics stay out of traces.
-	traced := otelhttp.NewHandler(root, "gateway", otelhttp.WithFilter(func(r *http.Request) bool {
+	traced := otelhttp.NewHandler(namedByRoute(root), "gateway", otelhttp.WithFilter(func(r *http.Request) bool {
 		switch r.URL.Path {
 		case "/healthz", "/readyz", "/metrics":
 			return false
 		}
 		return true
-	}), otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method + " " + r.URL.Path }))
+	}), otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return spanName(r) }))
 	srv := &http.Server{Handler: traced, ReadHeaderTimeout: 10 * time.Second}
 	// SSE streams never go idle; end them so Shutdown need not wait them out.
 	srv.RegisterOnShutdown(stream.Close)
@@ -175,4 +178,29 @@ func run() error {
 		return srv.Shutdown(sctx)
 	})
 	return g.Wait()
+}
+
+// idSegment matches a task id (a UUID) in a request path.
+var idSegment = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`)
+
+// spanName names a request's server span by its route, never by the ids in
+// its path (span names are for grouping; ids are attributes): the path with
+// every task id replaced by {id}, until routing names the route template.
+func spanName(r *http.Request) string {
+	return r.Method + " " + idSegment.ReplaceAllString(r.URL.Path, "{id}")
+}
+
+// namedByRoute renames the request's span to the route template that
+// matched (net/http's pattern, e.g. "GET /v1/tasks/{id}/events") once the
+// mux has routed it.
+func namedByRoute(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		if p := r.Pattern; p != "" && p != "/" {
+			if !strings.Contains(p, " ") {
+				p = r.Method + " " + p
+			}
+			trace.SpanFromContext(r.Context()).SetName(p)
+		}
+	})
 }
