@@ -505,6 +505,10 @@ func TestMultiLineDataStaysOneEvent(t *testing.T) {
 	id := e.newTask(t, "alice")
 	n0 := len(e.timeline(t, id))
 	c := e.open(t, eventsPath(id), e.token(t, "alice"), after(n0))
+	// Once the marker is read the replay is over: the next event can only
+	// come live (a replay would write its one-line JSON).
+	e.emit(t, id, logLine("marker"))
+	require.Equal(t, int64(n0+1), c.take(t, 1)[0].id)
 	ev := e.appendTo(t, id, false, logLine("hello"))[0]
 	b, err := eventwire.EncodeEvent(ev)
 	require.NoError(t, err)
@@ -518,7 +522,7 @@ func TestMultiLineDataStaysOneEvent(t *testing.T) {
 	require.NoError(t, e.rds.Client.Publish(context.Background(), eventwire.Channel(e.rds.Prefix, id), msgBytes).Err())
 
 	m := c.take(t, 1)[0]
-	require.Equal(t, int64(n0+1), m.id)
+	require.Equal(t, int64(n0+2), m.id)
 	require.Equal(t, "log", m.event)
 	got, err := eventwire.DecodeEvent([]byte(m.data))
 	require.NoError(t, err)
