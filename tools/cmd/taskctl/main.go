@@ -1,7 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -23,16 +27,17 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/pki"
-	"github.com/taskrunner/taskrunner/services/store"
 	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
+// globals are the flags every command shares. Flags that default to an
+// environment variable are resolved in resolve, after parsing, so that
+// --help never prints the variable's value (a token or a database password).
 type globals struct {
-	addr, token, databaseURL string
-	json                     bool
-	out                      io.Writer
+	addr, token, databaseURL, caFile string
+	tls, json                        bool
+	out                              io.Writer
 }
 
 func main() {
@@ -59,89 +64,118 @@ func main() {
 	}
 }
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
+// Defaults used when neither the flag nor its environment variable is set.
+const (
+	defaultAddr        = "127.0.0.1:7070"
+	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/taskrunner?sslmode=disable"
+)
+
+// envFlags maps flags to the environment variables they fall back to.
+var envFlags = []struct{ flag, env string }{
+	{"addr", "TASKRUNNER_ADDR"},
+	{"token", "TASKRUNNER_TOKEN"},
+	{"database-url", "TASKRUNNER_DATABASE_URL"},
+	{"ca", "TASKRUNNER_GRPC_CA_FILE"},
+}
+
+// resolve fills the flags that were not given from the environment, then
+// from the defaults.
+func (g *globals) resolve(cmd *cobra.Command) {
+	targets := map[string]*string{"addr": &g.addr, "token": &g.token, "database-url": &g.databaseURL, "ca": &g.caFile}
+	for _, f := range envFlags {
+		if !cmd.Flags().Changed(f.flag) {
+			if v := os.Getenv(f.env); v != "" {
+				*targets[f.flag] = v
+			}
+		}
 	}
-	return def
+	if g.addr == "" {
+		g.addr = defaultAddr
+	}
+	if g.databaseURL == "" {
+		g.databaseURL = defaultDatabaseURL
+	}
 }
 
 func newRoot(out io.Writer) *cobra.Command {
 	g := &globals{out: out}
 	root := &cobra.Command{
-		Use:           "taskctl",
-		Short:         "Manage taskrunner tasks, tokens and development certificates",
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		Use:   "taskctl",
+		Short: "Manage taskrunner tasks, tokens and development certificates",
+		Example: `  export TASKRUNNER_TOKEN=$(taskctl token create --owner alice --name laptop --expires 720h)
+  taskctl task create --repo acme/widgets --prompt "Add a --farewell flag" --dispatch
+  taskctl task list --status running --json
+  taskctl --addr taskrunner.example.com:7070 --ca ca.pem task list`,
+		SilenceUsage:     true,
+		SilenceErrors:    true,
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) { g.resolve(cmd) },
 	}
-	root.PersistentFlags().StringVar(&g.addr, "addr", envOr("TASKRUNNER_ADDR", "127.0.0.1:7070"), "TaskService gRPC address (TASKRUNNER_ADDR)")
-	root.PersistentFlags().StringVar(&g.token, "token", os.Getenv("TASKRUNNER_TOKEN"), "API bearer token (TASKRUNNER_TOKEN)")
-	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", envOr("TASKRUNNER_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/taskrunner?sslmode=disable"), "PostgreSQL URL for token create (TASKRUNNER_DATABASE_URL)")
-	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON")
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.addr, "addr", "", "taskrunnerd public gRPC address (env TASKRUNNER_ADDR; default "+defaultAddr+")")
+	pf.StringVar(&g.token, "token", "", "API bearer token (env TASKRUNNER_TOKEN)")
+	pf.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL, for token create only (env TASKRUNNER_DATABASE_URL; default postgres://postgres@127.0.0.1:5432/taskrunner)")
+	pf.StringVar(&g.caFile, "ca", "", "PEM CA bundle: dial --addr with TLS and verify the server against it (env TASKRUNNER_GRPC_CA_FILE; default plaintext)")
+	pf.BoolVar(&g.tls, "tls", false, "dial --addr with TLS, verifying the server against the system roots")
+	pf.BoolVar(&g.json, "json", false, "print JSON, in the shape of the REST API's responses (proto field names)")
 	root.AddCommand(tokenCmd(g), taskCmd(g), pkiCmd(g))
 	return root
 }
 
-func tokenCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "token", Short: "API tokens"}
-	var owner, scopes, desc string
-	create := &cobra.Command{
-		Use:   "create --owner NAME",
-		Short: "Create an API token (printed once; only its hash is stored)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			pool, err := store.Open(ctx, g.databaseURL)
+// dial connects to --addr: plaintext by default (local development), TLS
+// with --tls or --ca.
+func (g *globals) dial() (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if g.tls || g.caFile != "" {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if g.caFile != "" {
+			pem, err := os.ReadFile(g.caFile)
 			if err != nil {
-				return err
+				return nil, fmt.Errorf("--ca: %w", err)
 			}
-			defer pool.Close()
-			var sc []string
-			for _, s := range strings.Split(scopes, ",") {
-				if s = strings.TrimSpace(s); s != "" {
-					sc = append(sc, s)
-				}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("--ca: no PEM certificate in %s", g.caFile)
 			}
-			plain, id, err := auth.NewStore(pool).Create(ctx, owner, sc, desc)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return writeJSONMap(g.out, map[string]any{"id": id, "owner": owner, "token": plain, "scopes": sc})
-			}
-			fmt.Fprintf(g.out, "%s\n", plain)
-			fmt.Fprintf(os.Stderr, "token %s for owner %q created; it is shown only once\n", id, owner)
-			return nil
-		},
+		}
+		creds = credentials.NewTLS(cfg)
 	}
-	create.Flags().StringVar(&owner, "owner", "", "owner of the token (required)")
-	create.Flags().StringVar(&scopes, "scopes", auth.ScopeTasks, "comma-separated scopes: tasks, internal")
-	create.Flags().StringVar(&desc, "description", "", "what the token is for")
-	_ = create.MarkFlagRequired("owner")
-	cmd.AddCommand(create)
-	return cmd
+	return grpc.NewClient(g.addr, grpc.WithTransportCredentials(creds), grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
+}
+
+// conn dials and returns a context that carries the bearer token.
+func (g *globals) conn(ctx context.Context) (*grpc.ClientConn, context.Context, error) {
+	if g.token == "" {
+		return nil, nil, errors.New("no API token: pass --token or set TASKRUNNER_TOKEN (create one with `taskctl token create --owner NAME`)")
+	}
+	conn, err := g.dial()
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+g.token), nil
 }
 
 func (g *globals) client(ctx context.Context) (taskrunnerv1.TaskServiceClient, context.Context, func(), error) {
-	if g.token == "" {
-		return nil, nil, nil, errors.New("no API token: pass --token or set TASKRUNNER_TOKEN (create one with `taskctl token create --owner NAME`)")
-	}
-	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
+	conn, ctx, err := g.conn(ctx)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+g.token)
 	return taskrunnerv1.NewTaskServiceClient(conn), ctx, func() { _ = conn.Close() }, nil
 }
 
 func taskCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "task", Short: "Create, inspect and control tasks"}
+	cmd := &cobra.Command{Use: "task", Short: "Create, inspect and control tasks",
+		Example: `  taskctl task create --repo acme/widgets --prompt "Fix the flaky test" --dispatch
+  taskctl task list --status running
+  taskctl task watch 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50`}
 
 	var repo, base, prompt, agent, requestID string
 	var dispatch bool
 	create := &cobra.Command{
 		Use:   "create --repo OWNER/NAME --prompt TEXT",
 		Short: "Create a task",
+		Example: `  taskctl task create --repo acme/widgets --prompt "Add a --farewell flag"
+  taskctl task create --repo acme/widgets --base develop --agent codex --prompt "Fix the flaky test" --dispatch
+  taskctl task create --repo acme/widgets --prompt "$(cat prompt.md)" --request-id farewell-1 --json   # {"task": {...}}, as POST /v1/tasks`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, ctx, done, err := g.client(cmd.Context())
 			if err != nil {
@@ -161,7 +195,7 @@ func taskCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.printTask(resp.GetTask())
+			return g.printTask(resp, resp.GetTask())
 		},
 	}
 	create.Flags().StringVar(&repo, "repo", "", "repository as owner/name")
@@ -173,6 +207,8 @@ func taskCmd(g *globals) *cobra.Command {
 
 	get := &cobra.Command{
 		Use: "get ID", Short: "Show a task", Args: cobra.ExactArgs(1),
+		Example: `  taskctl task get 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50
+  taskctl task get 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50 --json   # {"task": {...}}, as GET /v1/tasks/{id}`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ctx, done, err := g.client(cmd.Context())
 			if err != nil {
@@ -183,7 +219,7 @@ func taskCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.printTask(resp.GetTask())
+			return g.printTask(resp, resp.GetTask())
 		},
 	}
 
@@ -191,6 +227,9 @@ func taskCmd(g *globals) *cobra.Command {
 	var pageSize int32
 	list := &cobra.Command{
 		Use: "list", Short: "List your tasks, newest first",
+		Example: `  taskctl task list
+  taskctl task list --status awaiting_review --repo acme/widgets
+  taskctl task list --page-size 50 --json   # {"tasks": [...], "next_page_token": ""}, as GET /v1/tasks`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, ctx, done, err := g.client(cmd.Context())
 			if err != nil {
@@ -227,6 +266,7 @@ func taskCmd(g *globals) *cobra.Command {
 	var reason string
 	cancel := &cobra.Command{
 		Use: "cancel ID", Short: "Cancel a task", Args: cobra.ExactArgs(1),
+		Example: `  taskctl task cancel 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50 --reason "wrong repository"`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ctx, done, err := g.client(cmd.Context())
 			if err != nil {
@@ -237,13 +277,15 @@ func taskCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.printTask(resp.GetTask())
+			return g.printTask(resp, resp.GetTask())
 		},
 	}
 	cancel.Flags().StringVar(&reason, "reason", "", "why")
 
 	retry := &cobra.Command{
 		Use: "retry ID", Short: "Create a new task retrying a failed or cancelled one", Args: cobra.ExactArgs(1),
+		Example: `  taskctl task retry 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50
+  taskctl task retry 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50 --json | jq -r .task.id`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ctx, done, err := g.client(cmd.Context())
 			if err != nil {
@@ -254,11 +296,13 @@ func taskCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.printTask(resp.GetTask())
+			return g.printTask(resp, resp.GetTask())
 		},
 	}
 	dispatchCmd := &cobra.Command{
 		Use: "dispatch ID", Short: "Start a sandbox for a task", Args: cobra.ExactArgs(1),
+		Example: `  taskctl task dispatch 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50
+  taskctl task dispatch 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50 --json | jq -r .task.status`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ctx, done, err := g.client(cmd.Context())
 			if err != nil {
@@ -269,7 +313,7 @@ func taskCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.printTask(resp.GetTask())
+			return g.printTask(resp, resp.GetTask())
 		},
 	}
 	cmd.AddCommand(create, get, list, cancel, retry, dispatchCmd, watchCmd(g))
@@ -277,17 +321,23 @@ func taskCmd(g *globals) *cobra.Command {
 }
 
 func pkiCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "pki", Short: "Development certificates"}
+	cmd := &cobra.Command{Use: "pki", Short: "Development certificates",
+		Example: `  taskctl pki init --dir .dev/pki`}
 	var dir, trustDomain, hosts string
 	initCmd := &cobra.Command{
 		Use:   "init",
 		Short: "Create a development runner CA and a server certificate (idempotent)",
+		Example: `  taskctl pki init
+  taskctl pki init --dir .dev/pki --hosts localhost,127.0.0.1,taskrunner.internal --trust-domain example.org`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var hs []string
 			for _, h := range strings.Split(hosts, ",") {
 				if h = strings.TrimSpace(h); h != "" {
 					hs = append(hs, h)
 				}
+			}
+			if trustDomain == "" {
+				trustDomain = cmp.Or(os.Getenv("TASKRUNNER_TRUST_DOMAIN"), "taskrunner.local")
 			}
 			p, err := pki.InitDev(dir, trustDomain, hs)
 			if err != nil {
@@ -301,15 +351,17 @@ func pkiCmd(g *globals) *cobra.Command {
 		},
 	}
 	initCmd.Flags().StringVar(&dir, "dir", ".dev/pki", "directory for the certificates")
-	initCmd.Flags().StringVar(&trustDomain, "trust-domain", envOr("TASKRUNNER_TRUST_DOMAIN", "taskrunner.local"), "SPIFFE trust domain")
+	initCmd.Flags().StringVar(&trustDomain, "trust-domain", "", "SPIFFE trust domain (env TASKRUNNER_TRUST_DOMAIN; default taskrunner.local)")
 	initCmd.Flags().StringVar(&hosts, "hosts", strings.Join(pki.DefaultDevHosts, ","), "server certificate hosts")
 	cmd.AddCommand(initCmd)
 	return cmd
 }
 
-func (g *globals) printTask(t *taskrunnerv1.Task) error {
+// printTask prints a task; with --json, the whole response message, which is
+// what the REST API returns for the same call ({"task": {...}}).
+func (g *globals) printTask(resp proto.Message, t *taskrunnerv1.Task) error {
 	if g.json {
-		return writeProto(g.out, t)
+		return writeProto(g.out, resp)
 	}
 	tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
 	row := func(k, v string) {

@@ -33,6 +33,7 @@ func TestTokenAndTaskCommandsOverGRPC(t *testing.T) {
 	lg := slog.New(slog.DiscardHandler)
 	srv := rpcserver.New(rpcserver.Options{Logger: lg, Auth: auth.NewStore(db.Pool)})
 	taskrunnerv1.RegisterTaskServiceServer(srv, task.New(task.NewStore(db.Pool), nil, lg))
+	taskrunnerv1.RegisterTokenServiceServer(srv, auth.NewTokenServer(auth.NewStore(db.Pool)))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = srv.Serve(lis) }()
@@ -40,21 +41,32 @@ func TestTokenAndTaskCommandsOverGRPC(t *testing.T) {
 	addr := lis.Addr().String()
 
 	// token create prints the token once; only its hash is stored.
-	out, err := taskctl(t, "--database-url", db.URL, "--json", "token", "create", "--owner", "alice")
+	out, err := taskctl(t, "--database-url", db.URL, "--json", "token", "create", "--owner", "alice", "--name", "laptop")
 	require.NoError(t, err, out)
-	var tok struct{ Token, Owner string }
+	var tok struct {
+		Secret string `json:"secret"`
+		Token  struct {
+			ID    string `json:"id"`
+			Name  string `json:"name"`
+			Owner string `json:"owner"`
+		} `json:"token"`
+	}
 	require.NoError(t, json.Unmarshal([]byte(out), &tok))
-	require.True(t, strings.HasPrefix(tok.Token, auth.TokenPrefix))
-	require.Equal(t, "alice", tok.Owner)
+	require.True(t, strings.HasPrefix(tok.Secret, auth.TokenPrefix))
+	require.Equal(t, "alice", tok.Token.Owner)
+	require.Equal(t, "laptop", tok.Token.Name)
 
-	common := []string{"--addr", addr, "--token", tok.Token}
+	common := []string{"--addr", addr, "--token", tok.Secret}
 	out, err = taskctl(t, append(common, "--json", "task", "create", "--repo", "acme/widgets", "--prompt", "Add a farewell flag")...)
 	require.NoError(t, err, out)
-	var created struct {
-		ID     string `json:"id"`
-		Status string `json:"status"`
+	var createdResp struct {
+		Task struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+		} `json:"task"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(out), &created))
+	require.NoError(t, json.Unmarshal([]byte(out), &createdResp))
+	created := createdResp.Task
 	require.Equal(t, "TASK_STATUS_PROPOSING", created.Status)
 
 	out, err = taskctl(t, append(common, "task", "get", created.ID)...)
