@@ -9,9 +9,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
@@ -213,17 +210,15 @@ func watchCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "watch ID",
 		Short: "Follow a task live: stages, diff stats, cost and the last log lines; exits 0 when it completes, 1 on failure, 2 when cancelled",
-		Args:  cobra.ExactArgs(1),
+		Example: `  taskctl task watch 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50
+  taskctl task watch 0b7c6a4e-5a1f-4b8e-9a57-4f1c2d3e4f50 --json   # one JSON object per SubscribeResponse`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if g.token == "" {
-				return errors.New("no API token: pass --token or set TASKRUNNER_TOKEN")
-			}
-			conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, ctx, err := g.conn(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer conn.Close()
-			ctx := metadata.AppendToOutgoingContext(cmd.Context(), "authorization", "Bearer "+g.token)
 			return watch(ctx, taskrunnerv1.NewEventsServiceClient(conn), taskrunnerv1.NewTaskServiceClient(conn), args[0], g)
 		},
 	}
