@@ -23,7 +23,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/taskrunner/taskrunner/gateway/config"
 	"github.com/taskrunner/taskrunner/gateway/console"
@@ -36,6 +35,15 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "-h", "-help", "--help", "help":
+			fmt.Print(usage)
+			return
+		}
+		fmt.Fprintf(os.Stderr, "gateway: unexpected argument %q (configuration comes from the environment)\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)
@@ -67,15 +75,19 @@ func run() error {
 		_ = tel.Shutdown(sctx)
 	}()
 	clientTel := grpc.WithStatsHandler(otelgrpc.NewClientHandler())
+	transport, err := transportCredentials()
+	if err != nil {
+		return err
+	}
 
-	taskConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), clientTel)
+	taskConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel)
 	if err != nil {
 		return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
 	}
 	defer taskConn.Close()
 	eventsConn := taskConn
 	if cfg.EventsAddr != cfg.TaskAddr {
-		if eventsConn, err = grpc.NewClient(cfg.EventsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), clientTel); err != nil {
+		if eventsConn, err = grpc.NewClient(cfg.EventsAddr, grpc.WithTransportCredentials(transport), clientTel); err != nil {
 			return fmt.Errorf("TASKRUNNER_EVENTS_ADDR: %w", err)
 		}
 		defer eventsConn.Close()
@@ -134,7 +146,7 @@ func run() error {
 		if cfg.InternalToken == "" {
 			return fmt.Errorf("TASKRUNNER_GATEWAY_INTERNAL_TOKEN: required with TASKRUNNER_GITHUB_WEBHOOK_SECRET (create one with `taskctl token create --owner gateway --scopes internal`)")
 		}
-		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), clientTel,
+		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel,
 			grpc.WithPerRPCCredentials(auth.PerRPCToken(cfg.InternalToken)))
 		if err != nil {
 			return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
