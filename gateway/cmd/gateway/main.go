@@ -126,16 +126,10 @@ func run() error {
 	for p, h := range cons.Routes() {
 		extra[p] = h
 	}
-	h, err := rest.Handler(ctx, rest.Options{Task: taskConn, Events: eventsConn, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
-		Extra: extra})
-	if err != nil {
-		return err
-	}
-	root := http.NewServeMux()
-	root.Handle("/", h)
-	root.Handle("GET /metrics", tel.Metrics)
 	// The webhook has its own body limit (GitHub deliveries can exceed the
-	// API's), so it is mounted outside the REST middleware.
+	// API's), so it is mounted outside the REST body limit and CORS, like
+	// the metrics.
+	unlimited := map[string]http.Handler{"GET /metrics": tel.Metrics}
 	var whCfg webhook.Config
 	if err := env.Parse(&whCfg); err != nil {
 		return fmt.Errorf("configuration: %w", err)
@@ -156,11 +150,20 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		root.Handle("POST "+webhook.Path, wh)
+		unlimited["POST "+webhook.Path] = wh
+	}
+	var corsCfg rest.CORS // TASKRUNNER_CORS_ORIGINS; off when empty
+	if err := env.Parse(&corsCfg); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	h, err := rest.Handler(ctx, rest.Options{Task: taskConn, Events: eventsConn, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
+		Extra: extra, Unlimited: unlimited, CORS: corsCfg})
+	if err != nil {
+		return err
 	}
 	// otelhttp: one server span per request, continuing the caller's W3C
 	// trace context; health, readiness and metrics stay out of traces.
-	traced := otelhttp.NewHandler(namedByRoute(root), "gateway", otelhttp.WithFilter(func(r *http.Request) bool {
+	traced := otelhttp.NewHandler(namedByRoute(h), "gateway", otelhttp.WithFilter(func(r *http.Request) bool {
 		switch r.URL.Path {
 		case "/healthz", "/readyz", "/metrics":
 			return false
