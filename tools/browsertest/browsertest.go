@@ -19,6 +19,12 @@ import (
 const (
 	ScenarioCreateTask = "create-task"
 	ScenarioValidation = "validation"
+	ScenarioDailyWork  = "daily-work"
+	ScenarioQueue      = "queue"
+	ScenarioTrace      = "trace"
+	// ScenarioCancelReview cancels the demo task (closing its pull request),
+	// so it is not in the default set.
+	ScenarioCancelReview = "cancel-review"
 )
 
 // DefaultChromium is Debian's chromium package.
@@ -32,8 +38,12 @@ type Options struct {
 	Token string
 	// OutDir receives the screenshots and result.json.
 	OutDir string
-	// Scenarios to run; empty runs all.
+	// Scenarios to run; empty runs the default set (every one but
+	// ScenarioCancelReview).
 	Scenarios []string
+	// DemoTaskID is the awaiting-review task of the trace and cancel-review
+	// scenarios; empty: the task create-task creates in the same run.
+	DemoTaskID string
 	// TaskTimeout bounds how long the created task may take to open its PR.
 	// Zero means the script's default (4 minutes).
 	TaskTimeout time.Duration
@@ -83,7 +93,7 @@ func Run(ctx context.Context, o Options) error {
 	cmd := exec.CommandContext(ctx, node, filepath.Join(root, Script))
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "BASE_URL="+o.BaseURL, "TOKEN="+o.Token, "OUT_DIR="+o.OutDir, "CHROMIUM="+chromium,
-		"SCENARIOS="+strings.Join(o.Scenarios, ","))
+		"SCENARIOS="+strings.Join(o.Scenarios, ","), "DEMO_TASK_ID="+o.DemoTaskID)
 	if o.TaskTimeout > 0 {
 		cmd.Env = append(cmd.Env, "TASK_TIMEOUT_MS="+strconv.FormatInt(o.TaskTimeout.Milliseconds(), 10))
 	}

@@ -41,6 +41,7 @@ func TestScriptUsage(t *testing.T) {
 		{nil, "BASE_URL is required"},
 		{[]string{"BASE_URL=http://127.0.0.1:1"}, "TOKEN (or TOKEN_FILE) is required"},
 		{[]string{"BASE_URL=http://127.0.0.1:1", "TOKEN=x", "SCENARIOS=nope"}, `unknown scenario "nope"`},
+		{[]string{"BASE_URL=http://127.0.0.1:1", "TOKEN=x", "SCENARIOS=trace,bogus"}, `unknown scenario "bogus" (have create-task, validation, daily-work, queue, trace, cancel-review)`},
 	} {
 		cmd := exec.Command(node, "console.mjs")
 		cmd.Env = append(cleanEnv(), tc.env...)
@@ -56,7 +57,7 @@ func cleanEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		switch strings.SplitN(kv, "=", 2)[0] {
-		case "BASE_URL", "TOKEN", "TOKEN_FILE", "SCENARIOS", "OUT_DIR":
+		case "BASE_URL", "TOKEN", "TOKEN_FILE", "SCENARIOS", "OUT_DIR", "DEMO_TASK_ID":
 			continue
 		}
 		env = append(env, kv)
@@ -95,6 +96,9 @@ func TestConsole(t *testing.T) {
 	require.NoError(t, err)
 	require.FileExists(t, filepath.Join(out, "console-task.png"))
 	require.FileExists(t, filepath.Join(out, "console-validation.png"))
+	for _, f := range []string{"console-list.png", "console-queue.png", "console-trace.png"} {
+		require.FileExists(t, filepath.Join(out, f))
+	}
 }
 
 type testWriter struct{ t *testing.T }

@@ -22,9 +22,24 @@
 //   REPO          repository of the task (default demo/greet)
 //   PROMPT        prompt of the task (default "Add a --farewell flag to greet")
 //   TASK_TIMEOUT_MS  how long the task may take to open its PR (default 240000)
-//   SCENARIOS     comma-separated subset (default create-task,validation)
+//   SCENARIOS     comma-separated subset (default create-task,validation,daily-work,queue,trace)
+//   DEMO_TASK_ID  the awaiting-review task that trace and cancel-review use
+//                 (default: the one create-task created in this run)
+//
+//   daily-work   list columns and filters (status, repository), create a task
+//                without dispatching it: no live marker while it is proposing,
+//                Dispatch from its page; it runs or queues; cancel it.
+//   queue        dispatch tasks of one repository until one is queued (the
+//                per-repository limit), see its queue position on its page
+//                and in the list, then cancel them all.
+//   trace        the demo task's trace waterfall (spans from the gateway to
+//                the runner's stages, read from Jaeger) and cost per stage.
+//   cancel-review (not in the default set: it closes the demo task's PR)
+//                the awaiting-review demo task warns that Cancel closes its
+//                pull request before the click; cancel it.
 //
 // Artifacts in OUT_DIR: console-task.png, console-validation.png,
+// console-list.png, console-queue.png, console-trace.png, console-cancel-review.png,
 // failure-<scenario>.png (on failure), result.json (what happened).
 // Exit status: 0 when every scenario passed, 1 when one failed, 2 on bad usage.
 
@@ -48,7 +63,7 @@ async function config() {
   let token = env.TOKEN || "";
   if (!token && env.TOKEN_FILE) token = (await readFile(env.TOKEN_FILE, "utf8")).trim();
   if (!token) usage("TOKEN (or TOKEN_FILE) is required");
-  const scenarios = (env.SCENARIOS || "create-task,validation").split(",").map((s) => s.trim()).filter(Boolean);
+  const scenarios = (env.SCENARIOS || "create-task,validation,daily-work,queue,trace").split(",").map((s) => s.trim()).filter(Boolean);
   for (const s of scenarios) if (!SCENARIOS[s]) usage(`SCENARIOS: unknown scenario ${JSON.stringify(s)} (have ${Object.keys(SCENARIOS).join(", ")})`);
   const timeout = Number(env.TASK_TIMEOUT_MS || 240000);
   if (!(timeout > 0)) usage("TASK_TIMEOUT_MS: want a positive number of milliseconds");
@@ -61,6 +76,7 @@ async function config() {
     prompt: env.PROMPT || "Add a --farewell flag to greet",
     taskTimeout: timeout,
     scenarios,
+    demoTask: env.DEMO_TASK_ID || "",
   };
 }
 
@@ -83,6 +99,7 @@ const tid = (page, id) => page.getByTestId(id);
 async function signIn(page, cfg) {
   await page.goto(`${cfg.base}/`, { waitUntil: "domcontentloaded" });
   await waitFor(tid(page, "signin-form"), "the sign-in form", 15000);
+  check(await tid(page, "nav-tasks").isHidden() && await tid(page, "signout").isHidden(), "the sign-in page shows the Tasks / Sign out links");
   await tid(page, "signin-token").fill(cfg.token);
   await tid(page, "signin-submit").click();
   const outcome = await Promise.race([
@@ -128,6 +145,7 @@ const SCENARIOS = {
     }
     const taskId = page.url().split("#/tasks/")[1];
     result.task_id = taskId;
+    cfg.demoTask = cfg.demoTask || taskId;
     console.log(`browsertest: created task ${taskId}; watching its stages`);
 
     const start = Date.now();
@@ -214,6 +232,165 @@ const SCENARIOS = {
     check(posted === 1, `want exactly one POST /v1/tasks (the bad branch), saw ${posted}`);
     check((await tid(page, "error-prompt").textContent()).trim() === "", "the prompt error was not cleared");
     result.api_error = apiMsg;
+  },
+
+  async "daily-work"(page, cfg, result) {
+    await signIn(page, cfg);
+    // The sign-in page had no Tasks / Sign out links; now they are there.
+    check(await tid(page, "nav-tasks").isVisible(), "the Tasks link is missing after sign-in");
+    // Columns.
+    const heads = await page.locator("[data-testid=task-list] thead th").allTextContents();
+    for (const h of ["Status", "Prompt", "Repository", "PR", "Cost", "Failure reason", "Age"]) {
+      check(heads.map((x) => x.trim().toLowerCase()).includes(h.toLowerCase()), `the list has no ${h} column (has ${heads.join(", ")})`);
+    }
+    // Create without dispatching: proposing, no live marker, a Dispatch button.
+    await tid(page, "create-repo").fill(cfg.repo);
+    await tid(page, "create-prompt").fill("Console dispatch check: add a --quiet flag to greet");
+    await tid(page, "create-dispatch").uncheck();
+    await tid(page, "create-submit").click();
+    await page.waitForURL(/#\/tasks\/[0-9a-f-]{36}$/, { timeout: 15000 }).catch(() => { throw new Failure("the created task's page did not open"); });
+    const id = page.url().split("#/tasks/")[1];
+    result.dispatched_task = id;
+    await page.waitForFunction(() => document.querySelector("[data-testid=task-status]")?.dataset.status === "TASK_STATUS_PROPOSING", null, { timeout: 10000 })
+      .catch(() => { throw new Failure("the new task is not shown as proposing"); });
+    await waitFor(tid(page, "dispatch-button"), "the Dispatch button of a proposing task", 10000);
+    await page.waitForTimeout(1500); // let the stream connect
+    const stream = await tid(page, "stream-state").evaluate((e) => ({ state: e.dataset.state, text: e.textContent, before: getComputedStyle(e, "::before").content }));
+    check(stream.state !== "live" && !/live/.test(stream.text) && !String(stream.before).includes("●"),
+      `a proposing task shows a live marker: ${JSON.stringify(stream)}`);
+    result.proposing_stream = stream;
+    await waitFor(page.locator("[data-testid=timeline-item][data-type=status_change]"), "the creation on the timeline", 10000);
+    await tid(page, "dispatch-button").click();
+    await page.waitForFunction(() => ["TASK_STATUS_RUNNING", "TASK_STATUS_QUEUED"].includes(document.querySelector("[data-testid=task-status]")?.dataset.status),
+      null, { timeout: 15000 }).catch(() => { throw new Failure("Dispatch did not move the task to running or queued"); });
+    await page.waitForFunction(() => document.querySelectorAll("[data-testid=timeline-item][data-type=status_change]").length >= 2, null, { timeout: 15000 })
+      .catch(() => { throw new Failure("the dispatch's status change did not appear on the timeline"); });
+    const lines = await page.locator("[data-testid=timeline-item]").allTextContents();
+    check(lines.some((l) => /proposing → (running|queued) · .*by dev/.test(l)), `no "proposing → running/queued by dev" on the timeline: ${JSON.stringify(lines)}`);
+    result.timeline = lines;
+    check(await tid(page, "dispatch-button").isHidden(), "the Dispatch button is still shown after dispatching");
+    // Cancel it again (not awaiting review: no PR warning).
+    check(await tid(page, "cancel-warning").isHidden(), "a running task warns about closing a pull request");
+    await tid(page, "cancel-button").click();
+    await page.waitForFunction(() => document.querySelector("[data-testid=task-status]")?.dataset.status === "TASK_STATUS_CANCELLED", null, { timeout: 15000 })
+      .catch(() => { throw new Failure("Cancel did not cancel the dispatched task"); });
+    await waitFor(tid(page, "retry-button"), "the Retry button of a cancelled task", 5000);
+
+    // Filters: by status, and by a repository with no tasks.
+    await tid(page, "back").click();
+    await waitFor(tid(page, "task-list").locator("[data-testid=task-row]").first(), "the task rows", 15000);
+    await tid(page, "filter-status").selectOption("cancelled");
+    await tid(page, "filter-apply").click();
+    await page.waitForFunction(() => {
+      const rows = [...document.querySelectorAll("[data-testid=task-row]")];
+      return rows.length > 0 && rows.every((r) => r.dataset.status === "TASK_STATUS_CANCELLED");
+    }, null, { timeout: 15000 }).catch(() => { throw new Failure("the status filter did not leave only cancelled tasks"); });
+    check(await page.locator(`[data-testid=task-row][data-task-id="${id}"]`).count() === 1, "the cancelled task is not in the cancelled filter");
+    const reason = (await page.locator(`[data-testid=task-row][data-task-id="${id}"] [data-testid=row-reason]`).textContent()).trim();
+    check(reason.includes("cancelled from the console"), `the failure reason column shows ${JSON.stringify(reason)}`);
+    const shot = path.join(cfg.outDir, "console-list.png");
+    await page.screenshot({ path: shot, fullPage: true });
+    result.screenshots.push(shot);
+    await tid(page, "filter-status").selectOption("");
+    await tid(page, "filter-repo").fill("nobody/nothing");
+    await tid(page, "filter-apply").click();
+    await waitFor(tid(page, "list-empty"), "the empty list for an unknown repository", 15000);
+    check(await page.locator("[data-testid=task-row]").count() === 0, "the repository filter left rows of other repositories");
+    await tid(page, "filter-clear").click();
+    await waitFor(page.locator("[data-testid=task-row]").first(), "the rows after clearing the filters", 15000);
+  },
+
+  async queue(page, cfg, result) {
+    await signIn(page, cfg);
+    const headers = { Authorization: `Bearer ${cfg.token}`, "Content-Type": "application/json" };
+    const created = [];
+    let queued = null;
+    try {
+      for (let i = 0; i < 6 && !queued; i++) {
+        const r = await page.request.post(`${cfg.base}/v1/tasks`, { headers, data: { repo: cfg.repo, prompt: `Queue check ${i}: add a --loud flag to greet`, dispatch: true } });
+        check(r.ok(), `creating a task failed: ${r.status()} ${await r.text()}`);
+        const t = (await r.json()).task;
+        created.push(t.id);
+        if (t.status === "TASK_STATUS_QUEUED") queued = t;
+      }
+      check(queued, `none of ${created.length} dispatched tasks was queued`);
+      result.queued_task = queued.id;
+      await page.goto(`${cfg.base}/#/tasks/${queued.id}`);
+      await waitFor(tid(page, "queue-position"), "the queue position on the page of a queued task", 15000);
+      const q = (await tid(page, "queue-position").textContent()).trim();
+      check(/^#\d+ in the dispatch queue/.test(q), `queue position reads ${JSON.stringify(q)}`);
+      check(q.startsWith(`#${Number(queued.queue_position)} `), `queue position ${JSON.stringify(q)} is not the API's ${queued.queue_position}`);
+      await waitFor(page.locator("[data-testid=timeline-item][data-type=status_change]").filter({ hasText: "queued" }), "proposing → queued on the timeline", 10000);
+      const tl = await page.locator("[data-testid=timeline-item]").allTextContents();
+      check(tl.some((l) => /→ queued · position \d+ in the queue · by /.test(l)), `the timeline does not show the queue position: ${JSON.stringify(tl)}`);
+      const stream = await tid(page, "stream-state").getAttribute("data-state");
+      check(stream !== "live", "a queued task shows the live marker");
+      result.queue_text = q;
+      const shot = path.join(cfg.outDir, "console-queue.png");
+      await page.screenshot({ path: shot, fullPage: true });
+      result.screenshots.push(shot);
+      await tid(page, "back").click();
+      await waitFor(page.locator(`[data-testid=task-row][data-task-id="${queued.id}"] [data-testid=row-queue]`), "the queue position in the list", 15000);
+    } finally {
+      for (const id of created) await page.request.post(`${cfg.base}/v1/tasks/${id}:cancel`, { headers, data: { reason: "browser test cleanup" } }).catch(() => {});
+    }
+  },
+
+  async trace(page, cfg, result) {
+    check(cfg.demoTask, "no demo task: run create-task first or set DEMO_TASK_ID");
+    await signIn(page, cfg);
+    await page.goto(`${cfg.base}/#/tasks/${cfg.demoTask}`);
+    await waitFor(tid(page, "trace-card"), "the trace card", 15000);
+    // The runner's spans reach Jaeger a moment after the task ends.
+    const deadline = Date.now() + 60000;
+    for (;;) {
+      await page.locator("[data-testid=span-row]").first().waitFor({ state: "attached", timeout: 5000 }).catch(() => {});
+      const names = await page.locator("[data-testid=span-row]").evaluateAll((els) => els.map((e) => e.dataset.name));
+      if (names.some((n) => n.startsWith("stage.")) || Date.now() > deadline) break;
+      await tid(page, "trace-refresh").click();
+    }
+    const spans = await page.locator("[data-testid=span-row]").evaluateAll((els) => els.map((e) => ({ name: e.dataset.name, service: e.dataset.service, error: e.dataset.error })));
+    result.spans = spans.length;
+    const names = spans.map((s) => s.name);
+    for (const want of ["runner", "stage.explore", "stage.apply", "git.push"]) {
+      check(names.includes(want), `the waterfall has no ${want} span (has ${names.join(", ")}); ${await tid(page, "trace-state").textContent()}`);
+    }
+    check(new Set(spans.map((s) => s.service)).size >= 2, "the waterfall shows one service only");
+    const costs = await page.locator("[data-testid=stage-cost]").evaluateAll((els) => els.map((e) => [e.dataset.stage, e.querySelector(".cost-value").textContent]));
+    result.stage_costs = costs;
+    check(costs.length >= 1, "no cost per stage");
+    check(costs.some(([, c]) => Number(c.slice(1)) > 0), `every stage cost is zero: ${JSON.stringify(costs)}`);
+    const logText = (await tid(page, "log-tail").textContent()) || "";
+    check(!/\/(work|workspace)\/repo\//.test(logText), "the log shows absolute sandbox paths");
+    await tid(page, "trace-card").scrollIntoViewIfNeeded();
+    const shot = path.join(cfg.outDir, "console-trace.png");
+    await page.screenshot({ path: shot, fullPage: true });
+    result.screenshots.push(shot);
+  },
+
+  async "cancel-review"(page, cfg, result) {
+    check(cfg.demoTask, "no demo task: run create-task first or set DEMO_TASK_ID");
+    await signIn(page, cfg);
+    await page.goto(`${cfg.base}/#/tasks/${cfg.demoTask}`);
+    await page.waitForFunction(() => document.querySelector("[data-testid=task-status]")?.dataset.status === "TASK_STATUS_AWAITING_REVIEW", null, { timeout: 15000 })
+      .catch(() => { throw new Failure("the demo task is not awaiting review"); });
+    await waitFor(tid(page, "cancel-warning"), "the warning that cancelling closes the pull request", 5000);
+    const warning = (await tid(page, "cancel-warning").textContent()).trim();
+    check(/closes its open pull request #\d+/.test(warning), `the warning reads ${JSON.stringify(warning)}`);
+    const label = (await tid(page, "cancel-button").textContent()).trim();
+    check(/close PR/.test(label), `the cancel button reads ${JSON.stringify(label)}`);
+    const live = await tid(page, "stream-state").getAttribute("data-state");
+    check(live === "live", `an awaiting-review task's stream is ${live}, want live (it stays open until the end)`);
+    result.warning = warning;
+    const shot = path.join(cfg.outDir, "console-cancel-review.png");
+    await page.screenshot({ path: shot, fullPage: true });
+    result.screenshots.push(shot);
+    await tid(page, "cancel-button").click();
+    await page.waitForFunction(() => document.querySelector("[data-testid=task-status]")?.dataset.status === "TASK_STATUS_CANCELLED", null, { timeout: 15000 })
+      .catch(() => { throw new Failure("the awaiting-review task was not cancelled"); });
+    await waitFor(page.locator("[data-testid=timeline-item][data-type=status_change]").filter({ hasText: "awaiting review → cancelled" }), "the cancel on the timeline", 15000);
+    await page.waitForFunction(() => document.querySelector("[data-testid=stream-state]")?.dataset.state === "ended", null, { timeout: 15000 })
+      .catch(() => { throw new Failure("the stream did not end after the final status change"); });
   },
 };
 

@@ -14,7 +14,11 @@ import (
 
 // runBrowserTests drives the web console in headless Chromium: sign in,
 // create a task and watch its four stages complete live up to the PR link
-// (screenshot kept as an artifact), then the empty-prompt validation error.
+// (screenshot kept as an artifact), the empty-prompt validation error, the
+// list's columns and filters with Dispatch and Cancel from a task's page, a
+// queued task's position, and the demo task's trace waterfall. The
+// cancel-review scenario is left out here: it would close the demo task's
+// pull request, which this test merges afterwards.
 func runBrowserTests(t *testing.T, s *stack) {
 	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
 		if os.Getenv("TASKRUNNER_REQUIRE_SERVICES") != "" {
@@ -33,6 +37,9 @@ func runBrowserTests(t *testing.T, s *stack) {
 	require.NoError(t, err)
 	require.FileExists(t, filepath.Join(out, "console-task.png"))
 	require.FileExists(t, filepath.Join(out, "console-validation.png"))
+	for _, f := range []string{"console-list.png", "console-queue.png", "console-trace.png"} {
+		require.FileExists(t, filepath.Join(out, f))
+	}
 	t.Logf("browser screenshots in %s", out)
 }
 
