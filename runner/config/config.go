@@ -32,6 +32,19 @@ type Config struct {
 	Prompt     string `env:"TASKRUNNER_PROMPT,required,notEmpty"`
 	Agent      string `env:"TASKRUNNER_AGENT" envDefault:"claude"`
 
+	// Run is the task's run this runner works on: 1 is the first run, N>1 a follow-up that
+	// revises the task's open pull request (FollowupPrompt, PRNumber and PRURL are then set;
+	// Prompt stays the original request).
+	Run            int    `env:"TASKRUNNER_RUN" envDefault:"1"`
+	FollowupPrompt string `env:"TASKRUNNER_FOLLOWUP_PROMPT"`
+	PRNumber       int64  `env:"TASKRUNNER_PR_NUMBER"`
+	PRURL          string `env:"TASKRUNNER_PR_URL"`
+	// ConsoleURL is the console's base URL: the PR links <ConsoleURL>/tasks/<id> ("" : no link).
+	ConsoleURL string `env:"TASKRUNNER_CONSOLE_URL"`
+	// TraceURLTemplate links the trace from the PR: "{trace_id}" is replaced by the trace id
+	// ("": the PR shows the bare trace id).
+	TraceURLTemplate string `env:"TASKRUNNER_TRACE_URL_TEMPLATE"`
+
 	EventsAddr string `env:"TASKRUNNER_EVENTS_ADDR,required,notEmpty"`
 	// TokenAddr serves GitHubTokenService; empty means EventsAddr.
 	TokenAddr  string `env:"TASKRUNNER_TOKEN_ADDR"`
@@ -209,6 +222,25 @@ func (c Config) Validate() error {
 	if c.Deadline != "" {
 		if _, err := time.Parse(time.RFC3339, c.Deadline); err != nil {
 			bad("TASKRUNNER_DEADLINE", "want RFC 3339 (2026-11-29T15:04:05Z), got %q", c.Deadline)
+		}
+	}
+	switch {
+	case c.Run < 1:
+		bad("TASKRUNNER_RUN", "must be 1 or more, got %d", c.Run)
+	case c.Run > 1:
+		if strings.TrimSpace(c.FollowupPrompt) == "" {
+			bad("TASKRUNNER_FOLLOWUP_PROMPT", "required for a follow-up run (TASKRUNNER_RUN=%d)", c.Run)
+		}
+		if c.PRNumber <= 0 {
+			bad("TASKRUNNER_PR_NUMBER", "required for a follow-up run (TASKRUNNER_RUN=%d), got %d", c.Run, c.PRNumber)
+		}
+	}
+	for name, u := range map[string]string{"TASKRUNNER_PR_URL": c.PRURL, "TASKRUNNER_CONSOLE_URL": c.ConsoleURL} {
+		if u == "" {
+			continue
+		}
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			bad(name, "want an http(s) URL, got %q", u)
 		}
 	}
 	if c.MaxTurns <= 0 {

@@ -43,6 +43,25 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, "claude", c.ClaudeBin)
 	require.Equal(t, "openspec", c.OpenSpecBin)
 	require.True(t, c.DeadlineTime().IsZero())
+	require.Equal(t, 1, c.Run, "a runner without TASKRUNNER_RUN works on the first run")
+}
+
+func TestLoadFollowup(t *testing.T) {
+	m := base(t)
+	m["TASKRUNNER_RUN"] = "3"
+	m["TASKRUNNER_FOLLOWUP_PROMPT"] = "greet:12: also accept -f"
+	m["TASKRUNNER_PR_NUMBER"] = "7"
+	m["TASKRUNNER_PR_URL"] = "https://github.com/acme/greet/pull/7"
+	m["TASKRUNNER_CONSOLE_URL"] = "https://console.example"
+	m["TASKRUNNER_TRACE_URL_TEMPLATE"] = "https://jaeger.example/trace/{trace_id}"
+	c, err := Load(environ(m))
+	require.NoError(t, err)
+	require.Equal(t, 3, c.Run)
+	require.Equal(t, "greet:12: also accept -f", c.FollowupPrompt)
+	require.EqualValues(t, 7, c.PRNumber)
+	require.Equal(t, "https://github.com/acme/greet/pull/7", c.PRURL)
+	require.Equal(t, "https://console.example", c.ConsoleURL)
+	require.Equal(t, "https://jaeger.example/trace/{trace_id}", c.TraceURLTemplate)
 }
 
 func TestLoadCodex(t *testing.T) {
@@ -100,6 +119,10 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{name: "bad pattern", set: map[string]string{"TASKRUNNER_REDACT_PATTERNS": "ok\n("}, want: "TASKRUNNER_REDACT_PATTERNS"},
 		{name: "missing key", drop: "TASKRUNNER_TLS_KEY_FILE", want: "TASKRUNNER_TLS_KEY_FILE: required (or TASKRUNNER_TLS_KEY_PEM)"},
 		{name: "both cert forms", set: map[string]string{"TASKRUNNER_TLS_CERT_PEM": "x"}, want: "TASKRUNNER_TLS_CERT_FILE: set either"},
+		{name: "run zero", set: map[string]string{"TASKRUNNER_RUN": "0"}, want: "TASKRUNNER_RUN: must be 1 or more"},
+		{name: "follow-up without prompt", set: map[string]string{"TASKRUNNER_RUN": "2", "TASKRUNNER_PR_NUMBER": "4"}, want: "TASKRUNNER_FOLLOWUP_PROMPT: required for a follow-up run"},
+		{name: "follow-up without PR", set: map[string]string{"TASKRUNNER_RUN": "2", "TASKRUNNER_FOLLOWUP_PROMPT": "fix it"}, want: "TASKRUNNER_PR_NUMBER: required for a follow-up run"},
+		{name: "bad console URL", set: map[string]string{"TASKRUNNER_CONSOLE_URL": "console.local"}, want: "TASKRUNNER_CONSOLE_URL: want an http(s) URL"},
 		{name: "unreadable ca", set: map[string]string{"TASKRUNNER_TLS_CA_FILE": "/nonexistent/ca.pem"}, want: "TASKRUNNER_TLS_CA_FILE: cannot read"},
 	}
 	for _, tc := range cases {

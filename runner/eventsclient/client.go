@@ -76,6 +76,8 @@ type Config struct {
 	Insecure bool
 	// TaskID is this runner's task; it must match the certificate.
 	TaskID string
+	// Run is the task's run this runner works on (0 means 1); sent in Hello.
+	Run int32
 	// RunnerVersion is reported in Hello for the server's logs.
 	RunnerVersion string
 	// Logger receives connection events; nil discards them.
@@ -624,6 +626,7 @@ func (c *Client) open(ctx context.Context, cancel context.CancelFunc) (taskrunne
 	}
 	if err := stream.Send(&taskrunnerv1.ConnectRequest{Msg: &taskrunnerv1.ConnectRequest_Hello{Hello: &taskrunnerv1.Hello{
 		TaskId: c.cfg.TaskID, ProtocolVersion: taskrunnerv1.ProtocolVersion_PROTOCOL_VERSION_1, RunnerVersion: c.cfg.RunnerVersion,
+		Run: c.cfg.Run,
 	}}}); err != nil {
 		_, err = stream.Recv() // the real status
 		return nil, nil, err
@@ -686,4 +689,44 @@ func (c *Client) send(ctx context.Context, stream grpc.BidiStreamingClient[taskr
 			return
 		}
 	}
+}
+
+// MaxSessionBytes is the largest session archive the Events service stores.
+const MaxSessionBytes = 8 << 20
+
+// sessionMsgBytes bounds a session RPC's message: the archive and the few fields around it.
+// grpc-go's default receive limit is 4 MiB, below the archive's; the server needs the same
+// allowance (grpc.MaxRecvMsgSize) for SaveSession.
+const sessionMsgBytes = MaxSessionBytes + 64<<10
+
+// ErrSessionTooLarge is returned by SaveSession for an archive over MaxSessionBytes.
+var ErrSessionTooLarge = errors.New("eventsclient: session archive over 8 MiB")
+
+// sessionAttempt bounds one SaveSession or LoadSession call; the caller's context bounds all.
+const sessionAttempt = 30 * time.Second
+
+// SaveSession stores the agent's session for the task's next run (EventsService.SaveSession
+// on the events connection), retrying what rpcretry retries until ctx ends. The archive must
+// already be redacted.
+func (c *Client) SaveSession(ctx context.Context, req *taskrunnerv1.SaveSessionRequest) error {
+	if len(req.GetArchive()) > MaxSessionBytes {
+		return ErrSessionTooLarge
+	}
+	req = proto.Clone(req).(*taskrunnerv1.SaveSessionRequest)
+	req.TaskId = c.cfg.TaskID
+	_, err := rpcretry.Do(ctx, rpcretry.Policy{MinDelay: c.cfg.MinBackoff, MaxDelay: c.cfg.MaxBackoff, AttemptTimeout: sessionAttempt},
+		func(ctx context.Context) (*taskrunnerv1.SaveSessionResponse, error) {
+			return c.rpc.SaveSession(ctx, req, grpc.WaitForReady(true), grpc.MaxCallSendMsgSize(sessionMsgBytes))
+		})
+	return err
+}
+
+// LoadSession fetches the newest saved session of the task (found is false when there is
+// none), retrying like SaveSession.
+func (c *Client) LoadSession(ctx context.Context) (*taskrunnerv1.LoadSessionResponse, error) {
+	return rpcretry.Do(ctx, rpcretry.Policy{MinDelay: c.cfg.MinBackoff, MaxDelay: c.cfg.MaxBackoff, AttemptTimeout: sessionAttempt},
+		func(ctx context.Context) (*taskrunnerv1.LoadSessionResponse, error) {
+			return c.rpc.LoadSession(ctx, &taskrunnerv1.LoadSessionRequest{TaskId: c.cfg.TaskID}, grpc.WaitForReady(true),
+				grpc.MaxCallRecvMsgSize(sessionMsgBytes))
+		})
 }

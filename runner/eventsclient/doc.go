@@ -35,6 +35,13 @@
 // are totals that the next report supersedes); stage changes and terminal
 // events are always accepted. Events are never dropped once numbered.
 //
+// Runs: Hello carries the run the runner works on (Config.Run); seqs count
+// within the run, from 1. Sessions: SaveSession (at the end of a run) and
+// LoadSession (at the start of a follow-up) are unary calls on the same
+// connection and certificate, retried like everything else until the
+// caller's context ends; archives are at most MaxSessionBytes and must be
+// redacted before they are handed over.
+//
 // The package must not import the control plane's service code: it is built
 // into the sandbox image.
 package eventsclient

@@ -37,6 +37,7 @@ type eventsServer struct {
 	failAfter func(task string, attempt int) (n int, err error)
 	dropAfter time.Duration // end every stream with Unavailable this long after Welcome
 	sizeErrs  int
+	runs      []int32 // Hello.run of every stream
 }
 
 func newEventsServer() *eventsServer {
@@ -53,6 +54,7 @@ func (s *eventsServer) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.Conn
 	s.mu.Lock()
 	attempt := len(s.hellos[task])
 	s.hellos[task] = append(s.hellos[task], time.Now())
+	s.runs = append(s.runs, m.GetHello().GetRun())
 	last := int64(len(s.stored[task]))
 	failHello, failAfter, dropAfter := s.failHello, s.failAfter, s.dropAfter
 	s.mu.Unlock()
@@ -185,13 +187,16 @@ func startTCP(t *testing.T, svc *eventsServer) *tcpServer {
 
 // start listens (on the same port after the first time) and serves; it returns once the
 // port accepts connections.
-func (ts *tcpServer) start() {
+func (ts *tcpServer) start() { ts.startWith(ts.svc) }
+
+// startWith is start with another implementation of the service.
+func (ts *tcpServer) startWith(svc taskrunnerv1.EventsServiceServer) {
 	ts.t.Helper()
 	lis, err := net.Listen("tcp", ts.addr)
 	require.NoError(ts.t, err)
 	ts.addr = lis.Addr().String()
-	ts.gs = grpc.NewServer()
-	taskrunnerv1.RegisterEventsServiceServer(ts.gs, ts.svc)
+	ts.gs = grpc.NewServer(grpc.MaxRecvMsgSize(9 << 20))
+	taskrunnerv1.RegisterEventsServiceServer(ts.gs, svc)
 	ts.done = make(chan struct{})
 	go func(gs *grpc.Server, done chan struct{}) { defer close(done); _ = gs.Serve(lis) }(ts.gs, ts.done)
 }
