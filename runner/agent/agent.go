@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
@@ -71,3 +72,55 @@ func (e *Error) Is(target error) bool { return target == ErrLimit && e.Limit }
 
 // Errorf builds a non-limit Error.
 func Errorf(format string, args ...any) error { return &Error{Reason: fmt.Sprintf(format, args...)} }
+
+// Session is what a later run needs to continue this run's conversation: the agent's id for
+// it and the cumulative figures the agent last reported for it, so that the next run's first
+// stage counts only its own usage (both CLIs report usage cumulatively over a resumed
+// conversation).
+type Session struct {
+	// ID is Claude Code's session id or Codex's thread id.
+	ID string `json:"id"`
+	// TotalCostUSD is the session's cost as the agent last reported it (Claude Code).
+	TotalCostUSD float64 `json:"total_cost_usd,omitempty"`
+	// Token counters as the agent last reported them (Codex).
+	InputTokens           int64 `json:"input_tokens,omitempty"`
+	CachedInputTokens     int64 `json:"cached_input_tokens,omitempty"`
+	OutputTokens          int64 `json:"output_tokens,omitempty"`
+	ReasoningOutputTokens int64 `json:"reasoning_output_tokens,omitempty"`
+}
+
+// SessionFile is one file of a saved session: Name is its slash-separated name in the
+// archive (agent-specific, independent of the sandbox's paths), Path where it is on disk.
+type SessionFile struct{ Name, Path string }
+
+// Resumable is an Agent whose conversation can outlive its sandbox: the runner saves the
+// session's files at the end of a run and restores them into the next run's sandbox.
+type Resumable interface {
+	Agent
+	// Name is the agent's name ("claude", "codex"); a session is only resumed by the same agent.
+	Name() string
+	// Session is the current conversation (ID "" before the first stage started it).
+	Session() Session
+	// SessionFiles lists the files of the current conversation.
+	SessionFiles() ([]SessionFile, error)
+	// RestorePath is where a file saved under name goes in this sandbox; an error refuses a
+	// name the agent does not know (or one that would escape its directory).
+	RestorePath(name string) (string, error)
+	// Resume makes the next stage continue s, whose files are restored.
+	Resume(s Session)
+}
+
+// CleanName checks an archive name: slash-separated, relative, without "." or ".."
+// elements, under prefix ("claude/"); it returns the part after prefix.
+func CleanName(name, prefix string) (string, error) {
+	rest, ok := strings.CutPrefix(name, prefix)
+	if !ok || rest == "" || strings.HasPrefix(rest, "/") || strings.Contains(rest, "\\") || strings.ContainsRune(rest, 0) {
+		return "", fmt.Errorf("session file %q: not under %s", name, prefix)
+	}
+	for _, el := range strings.Split(rest, "/") {
+		if el == "" || el == "." || el == ".." {
+			return "", fmt.Errorf("session file %q: bad path element", name)
+		}
+	}
+	return rest, nil
+}

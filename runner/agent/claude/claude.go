@@ -27,6 +27,8 @@ type Config struct {
 	Dir string
 	// Env is the CLI's complete environment (PATH, HOME, ANTHROPIC_*, …).
 	Env []string
+	// Home is the CLI's HOME, where it keeps its transcripts (default: HOME in Env).
+	Home string
 	// User is who the CLI runs as; nil keeps the runner's identity.
 	User *proc.User
 	// MaxTurns is passed as --max-turns to every stage (0: not passed).
