@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Domain is the ErrorInfo domain of every reason this package emits.
@@ -79,9 +85,10 @@ func PermissionDenied(msg string) error {
 	return &Error{Kind: ErrPermissionDenied, Reason: "PERMISSION_DENIED", Message: msg}
 }
 
-// Unavailable reports a dependency that is down; clients may retry.
+// Unavailable reports a dependency that is down; clients may retry after
+// DependencyRetryAfterSeconds (RetryInfo, and Retry-After over REST).
 func Unavailable(msg string) error {
-	return &Error{Kind: ErrUnavailable, Reason: "UNAVAILABLE", Message: msg}
+	return &Error{Kind: ErrUnavailable, Reason: "UNAVAILABLE", Message: msg, RetryAfterSeconds: DependencyRetryAfterSeconds}
 }
 
 var codeOf = []struct {
@@ -98,9 +105,49 @@ var codeOf = []struct {
 	{ErrUnavailable, codes.Unavailable},
 }
 
+// DependencyRetryAfterSeconds is the Retry-After hint of a dependency outage
+// (DependencyDown): runners and the gateway's clients come back about then.
+const DependencyRetryAfterSeconds = 1
+
+// DependencyDown reports whether err says that PostgreSQL or Redis cannot be
+// reached or dropped the connection: a refused or reset connection, a
+// connection the driver already closed, an administrator or crash shutdown
+// (SQLSTATE 57P01, 57P02, 57P03), a connection exception (class 08) or too
+// many connections (53300). Such a failure is temporary and says nothing
+// about the request, so it is Unavailable, never Internal.
+//
+// It looks only at interfaces and the standard library so that this leaf
+// package (which the gateway's tests import) does not link the drivers:
+// pgconn.PgError has SQLState(); pgconn's "conn closed" and other errors
+// raised before anything was sent have SafeToRetry() true; dial and socket
+// failures are *net.OpError.
+func DependencyDown(err error) bool {
+	if err == nil {
+		return false
+	}
+	var sql interface{ SQLState() string }
+	if errors.As(err, &sql) {
+		c := sql.SQLState()
+		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "53300"
+	}
+	var safe interface{ SafeToRetry() bool }
+	if errors.As(err, &safe) && safe.SafeToRetry() {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}
+
+// dependencyDown is the domain error a DependencyDown failure becomes; the
+// cause is logged by the caller of ToStatus, never sent.
+var dependencyDown = &Error{Kind: ErrUnavailable, Reason: "UNAVAILABLE",
+	Message: "a database the service needs is unavailable; retry later", RetryAfterSeconds: DependencyRetryAfterSeconds}
+
 // ToStatus maps err to a gRPC status. Errors that are not domain errors (and
-// not already statuses) become Internal with a generic message; the caller
-// logs the original. ok is false for those.
+// not already statuses) become Internal with a generic message, except a
+// dependency outage (DependencyDown), which becomes Unavailable with a
+// retry delay. The caller logs the original when ok is false: for those two.
 func ToStatus(err error) (st *status.Status, ok bool) {
 	if err == nil {
 		return nil, true
@@ -116,6 +163,10 @@ func ToStatus(err error) (st *status.Status, ok bool) {
 	}
 	var de *Error
 	if !errors.As(err, &de) {
+		if DependencyDown(err) {
+			st, _ := ToStatus(dependencyDown)
+			return st, false
+		}
 		return status.New(codes.Internal, "internal error"), false
 	}
 	code := codes.Internal
@@ -139,6 +190,11 @@ func ToStatus(err error) (st *status.Status, ok bool) {
 			info.Metadata = map[string]string{}
 		}
 		info.Metadata["retry_after_seconds"] = fmt.Sprint(de.RetryAfterSeconds)
+		if code == codes.Unavailable {
+			// The standard detail gRPC clients read (the gateway's
+			// Retry-After comes from the ErrorInfo metadata above).
+			details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(de.RetryAfterSeconds) * time.Second)})
+		}
 	}
 	details = append([]protoadapt.MessageV1{info}, details...)
 	if withDetails, err := st.WithDetails(details...); err == nil {

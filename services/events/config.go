@@ -43,6 +43,16 @@ type Config struct {
 	// QueueSize is each committer's input queue; a full queue slows the
 	// runner streams down (gRPC flow control). Default 4096.
 	QueueSize int
+	// PageBytes bounds the payload bytes of a ListEvents page and of a
+	// replay read. Default (and maximum) MaxPageBytes; tests set less.
+	PageBytes int
+}
+
+func (c Config) maxPageBytes() int {
+	if c.PageBytes <= 0 || c.PageBytes > MaxPageBytes {
+		return MaxPageBytes
+	}
+	return c.PageBytes
 }
 
 // Defaults.

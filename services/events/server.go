@@ -347,12 +347,13 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 }
 
 // storeUnavailable answers a database failure while accepting a runner
-// with Unavailable, which runners retry, never Internal.
+// with Unavailable (and errs' retry delay), which runners retry, never
+// Internal.
 func storeUnavailable(err error) error {
 	if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
 		return err
 	}
-	return status.Error(codes.Unavailable, "the event store is unavailable; reconnect and resend")
+	return errs.Unavailable("the event store is unavailable; reconnect and resend")
 }
 
 // finished refuses a Hello for a terminal task, telling the runner how far

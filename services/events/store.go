@@ -42,3 +42,56 @@ func (s *Store) ListAfter(ctx context.Context, taskID string, afterSeq int64, li
 		return rec, err
 	})
 }
+
+// MaxPageBytes bounds the stored payload bytes of one page of ListEvents
+// and of one replay read: under gRPC's default 4 MiB message limit with
+// room to spare (an event's protobuf form is no larger than its JSON), so
+// a page of long log events never fails with ResourceExhausted. A page
+// holds at least one event (one event is at most MaxEventBytes).
+const MaxPageBytes = 3 << 20
+
+// listPage is listAfter that also stops by size: upto is the running sum
+// of the payloads' JSON lengths, and the first row past maxBytes is
+// returned too (and always the first two) so that Page can tell a page cut
+// by size from the end. The window runs in seq order under the LIMIT, so
+// PostgreSQL reads no further than the rows it returns.
+const listPage = `SELECT task_id::text, seq, type, payload, created_at, upto FROM (
+	SELECT task_id, seq, type, payload, created_at,
+		sum(octet_length(payload::text)) OVER (ORDER BY seq) AS upto,
+		octet_length(payload::text) AS size,
+		row_number() OVER (ORDER BY seq) AS n
+	FROM task_events WHERE task_id = $1 AND seq > $2 ORDER BY seq LIMIT $3) e
+WHERE n <= 2 OR upto - size < $4 ORDER BY seq`
+
+// Page returns the events of a task with seq > afterSeq, oldest first, at
+// most limit of them and no more than maxBytes of payload (but at least
+// one); more reports that events after the page exist. The caller checks
+// that taskID is a valid id the caller may read.
+func (s *Store) Page(ctx context.Context, taskID string, afterSeq int64, limit, maxBytes int) (recs []Record, more bool, err error) {
+	rows, err := s.pool.Query(ctx, listPage, taskID, afterSeq, limit+1, maxBytes)
+	if err != nil {
+		return nil, false, err
+	}
+	var upto []int64
+	recs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Record, error) {
+		var rec Record
+		var u int64
+		err := r.Scan(&rec.TaskID, &rec.Seq, &rec.Type, &rec.Payload, &rec.CreatedAt, &u)
+		upto = append(upto, u)
+		return rec, err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	keep := 1
+	for keep < len(recs) && upto[keep] <= int64(maxBytes) {
+		keep++
+	}
+	if keep < len(recs) {
+		recs, more = recs[:keep], true // the rows past the size limit
+	}
+	if len(recs) > limit {
+		recs, more = recs[:limit], true
+	}
+	return recs, more, nil
+}

@@ -18,7 +18,10 @@ import (
 	"github.com/taskrunner/taskrunner/services/task"
 )
 
-// Paging limits of ListEvents, and the page size of replays.
+// Paging limits of ListEvents, and the page size of replays. A page also
+// stops before MaxPageBytes of payload (see Store.Page): a client that asks
+// for MaxPageSize events of a task with long logs gets fewer, and a
+// next_page_token.
 const (
 	DefaultPageSize = 100
 	MaxPageSize     = 1000
@@ -68,7 +71,7 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 	// terminal event.
 	replay := func() (ended bool, err error) {
 		for {
-			recs, err := s.store.ListAfter(ctx, id, last, replayPage)
+			recs, more, err := s.store.Page(ctx, id, last, replayPage, s.cfg.maxPageBytes())
 			if err != nil {
 				return false, err
 			}
@@ -84,7 +87,7 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 					return true, nil
 				}
 			}
-			if len(recs) < replayPage {
+			if !more {
 				return false, nil
 			}
 		}
@@ -177,14 +180,13 @@ func (s *Server) ListEvents(ctx context.Context, req *taskrunnerv1.ListEventsReq
 		}
 		after = max(after, seq)
 	}
-	recs, err := s.store.ListAfter(ctx, req.GetTaskId(), after, size+1)
+	recs, more, err := s.store.Page(ctx, req.GetTaskId(), after, size, s.cfg.maxPageBytes())
 	if err != nil {
 		return nil, err
 	}
 	out := &taskrunnerv1.ListEventsResponse{}
-	if len(recs) > size {
-		recs = recs[:size]
-		out.NextPageToken = encodePageToken(recs[size-1].Seq)
+	if more {
+		out.NextPageToken = encodePageToken(recs[len(recs)-1].Seq)
 	}
 	for _, r := range recs {
 		e, err := eventwire.DecodeEvent(r.Payload)

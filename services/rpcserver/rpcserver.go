@@ -256,7 +256,11 @@ func mapError(ctx context.Context, lg *slog.Logger, err error) error {
 		return nil
 	}
 	st, ok := errs.ToStatus(err)
-	if !ok {
+	switch {
+	case ok:
+	case st.Code() == codes.Unavailable: // a database outage: the client retries
+		lg.WarnContext(ctx, "dependency unavailable", "error", err.Error(), "request_id", RequestID(ctx))
+	default:
 		lg.ErrorContext(ctx, "internal error", "error", err.Error(), "request_id", RequestID(ctx))
 	}
 	return st.Err()
