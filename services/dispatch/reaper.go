@@ -133,8 +133,24 @@ func (s *Server) fail(ctx context.Context, id, reason, requestID string) bool {
 	return applied
 }
 
-// RunReaper reaps every interval until ctx ends.
+// RunReaper first starts the sandboxes a killed Dispatch admitted but never
+// created (Resume), then reaps every interval until ctx ends.
 func (s *Server) RunReaper(ctx context.Context) {
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, s.cfg.ReaperInterval) {
+		n, err := s.Resume(ctx)
+		if err == nil {
+			if n > 0 {
+				s.log.InfoContext(ctx, "dispatch: resumed sandbox starts", "tasks", n)
+			}
+			break
+		}
+		s.log.WarnContext(ctx, "dispatch: could not look for sandbox starts to resume; retrying", "error", err, "delay", delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
 	t := time.NewTicker(s.cfg.ReaperInterval)
 	defer t.Stop()
 	for {
