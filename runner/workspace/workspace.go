@@ -39,8 +39,11 @@ type Config struct {
 	User *proc.User
 	// TaskID names the branch taskrunner/<TaskID>.
 	TaskID string
-	// BaseBranch is cloned.
+	// BaseBranch is cloned for a task's first run.
 	BaseBranch string
+	// FollowUp clones the task branch taskrunner/<TaskID> (a follow-up run revising the task's
+	// pull request) instead of BaseBranch; new commits go on top of it.
+	FollowUp bool
 }
 
 // Workspace is one task's checkout.
@@ -63,7 +66,8 @@ func (w *Workspace) Dir() string { return w.cfg.Dir }
 // Branch is the task branch.
 func (w *Workspace) Branch() string { return "taskrunner/" + w.cfg.TaskID }
 
-// BaseSHA is the commit the task started from (after Clone).
+// BaseSHA is the commit this run started from (after Clone): the base branch's head for a
+// first run, the task branch's head for a follow-up.
 func (w *Workspace) BaseSHA() string { return w.baseSHA }
 
 // Cloned is true once Clone succeeded.
@@ -79,7 +83,7 @@ const (
 	KindAuth
 	// KindRepoNotFound: the repository does not exist (or the token cannot see it).
 	KindRepoNotFound
-	// KindBranchNotFound: the base branch does not exist.
+	// KindBranchNotFound: the branch to clone (base, or the task branch of a follow-up) does not exist.
 	KindBranchNotFound
 )
 
@@ -99,7 +103,7 @@ func (e *Error) Error() string {
 	case KindRepoNotFound:
 		return fmt.Sprintf("git %s: repository not found", e.Op)
 	case KindBranchNotFound:
-		return fmt.Sprintf("git %s: base branch not found", e.Op)
+		return fmt.Sprintf("git %s: branch not found", e.Op)
 	}
 	return fmt.Sprintf("git %s: %v: %s", e.Op, e.Err, lastLines(e.Output, 3))
 }
@@ -168,15 +172,23 @@ func (w *Workspace) git(ctx context.Context, op string, token string, args ...st
 	return stdout.String(), nil
 }
 
-// Clone clones the base branch of remote into the checkout and creates the task branch.
+// Clone clones the base branch of remote into the checkout and creates the task branch; for
+// a follow-up it clones the task branch itself.
 func (w *Workspace) Clone(ctx context.Context, remote, token string) (err error) {
-	ctx, span := tracer.Start(ctx, "git.clone", trace.WithAttributes(attribute.String("taskrunner.base_branch", w.cfg.BaseBranch)))
+	branch := w.cfg.BaseBranch
+	if w.cfg.FollowUp {
+		branch = w.Branch()
+	}
+	ctx, span := tracer.Start(ctx, "git.clone", trace.WithAttributes(attribute.String("taskrunner.base_branch", w.cfg.BaseBranch),
+		attribute.String("taskrunner.cloned_branch", branch)))
 	defer func() { endSpan(span, err) }()
-	if _, err := w.git(ctx, "clone", token, "clone", "--quiet", "--no-tags", "--branch", w.cfg.BaseBranch, "--", remote, "."); err != nil {
+	if _, err := w.git(ctx, "clone", token, "clone", "--quiet", "--no-tags", "--branch", branch, "--", remote, "."); err != nil {
 		return err
 	}
-	if _, err := w.git(ctx, "checkout", "", "checkout", "--quiet", "-b", w.Branch()); err != nil {
-		return err
+	if !w.cfg.FollowUp {
+		if _, err := w.git(ctx, "checkout", "", "checkout", "--quiet", "-b", w.Branch()); err != nil {
+			return err
+		}
 	}
 	sha, err := w.git(ctx, "rev-parse", "", "rev-parse", "HEAD")
 	if err != nil {
@@ -210,6 +222,69 @@ func (w *Workspace) InitOpenSpec(ctx context.Context, bin, tool string) error {
 	return nil
 }
 
+// agentDirs are where the agent CLIs and `openspec init --tools <agent>` keep their own files
+// (commands, skills, settings). Untracked files there never enter the pull request.
+var agentDirs = []string{".claude/", ".codex/", ".agents/"}
+
+// ExcludeScaffolding keeps the runner's and the agent tooling's own files out of every commit:
+// the agent directories and every file that is untracked right now (call it after `openspec
+// init`, before the agent runs: those are what init added), except the OpenSpec changes and
+// specs, which are the record of the change. They are listed in .git/info/exclude, so `git add
+// -A` skips them while files the repository already tracks (even under .claude/) still are
+// committed when they change. It returns the paths it excluded besides the agent directories.
+func (w *Workspace) ExcludeScaffolding(ctx context.Context) ([]string, error) {
+	out, err := w.git(ctx, "ls-files", "", "ls-files", "-z", "--others", "--exclude-standard")
+	if err != nil {
+		return nil, err
+	}
+	var added []string
+	for _, p := range strings.Split(out, "\x00") {
+		if p == "" || strings.HasPrefix(p, "openspec/changes/") || strings.HasPrefix(p, "openspec/specs/") {
+			continue
+		}
+		skip := false
+		for _, d := range agentDirs {
+			skip = skip || strings.HasPrefix(p, d)
+		}
+		if !skip {
+			added = append(added, p)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("\n# taskrunner: the agent tooling's own files, never part of the pull request\n")
+	for _, d := range agentDirs {
+		b.WriteString("/" + d + "\n")
+	}
+	for _, p := range added {
+		b.WriteString("/" + excludeEscape(p) + "\n")
+	}
+	f, err := os.OpenFile(filepath.Join(w.cfg.Dir, ".git", "info", "exclude"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("exclude scaffolding: %w", err)
+	}
+	if _, err := f.WriteString(b.String()); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("exclude scaffolding: %w", err)
+	}
+	return added, f.Close()
+}
+
+// excludeEscape makes a path a literal gitignore pattern.
+func excludeEscape(p string) string {
+	var b strings.Builder
+	for i, r := range p {
+		if strings.ContainsRune(`\*?[`, r) || (i == 0 && (r == '#' || r == '!')) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	s := b.String()
+	if strings.HasSuffix(s, " ") {
+		s = strings.TrimSuffix(s, " ") + "\\ "
+	}
+	return s
+}
+
 // Stats are diff stats against the base commit.
 type Stats struct {
 	Additions, Deletions, FilesChanged int64
@@ -227,6 +302,44 @@ func (w *Workspace) DiffStats(ctx context.Context) (Stats, error) {
 		return Stats{}, err
 	}
 	return ParseNumstat(out), nil
+}
+
+// FileStat is one file of a diff; Binary files have no line counts.
+type FileStat struct {
+	Path                 string
+	Additions, Deletions int64
+	Binary               bool
+}
+
+// CommittedDiff is `git diff --numstat <BaseSHA> HEAD` file by file: what this run committed.
+func (w *Workspace) CommittedDiff(ctx context.Context) ([]FileStat, error) {
+	out, err := w.git(ctx, "diff", "", "diff", "--numstat", w.baseSHA, "HEAD")
+	if err != nil {
+		return nil, err
+	}
+	return ParseNumstatFiles(out), nil
+}
+
+// HeadSHA is the commit checked out.
+func (w *Workspace) HeadSHA(ctx context.Context) (string, error) {
+	out, err := w.git(ctx, "rev-parse", "", "rev-parse", "HEAD")
+	return strings.TrimSpace(out), err
+}
+
+// ParseNumstatFiles reads `git diff --numstat` output file by file.
+func ParseNumstatFiles(out string) []FileStat {
+	var files []FileStat
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.SplitN(line, "\t", 3)
+		if len(f) < 3 {
+			continue
+		}
+		fs := FileStat{Path: f[2], Binary: f[0] == "-"}
+		fs.Additions, _ = strconv.ParseInt(f[0], 10, 64)
+		fs.Deletions, _ = strconv.ParseInt(f[1], 10, 64)
+		files = append(files, fs)
+	}
+	return files
 }
 
 // ParseNumstat sums `git diff --numstat` output.
