@@ -28,9 +28,21 @@ type Config struct {
 	RunnerServerName string  `env:"TASKRUNNER_RUNNER_SERVER_NAME" envDefault:"localhost"`
 	MaxTurns         int     `env:"TASKRUNNER_MAX_TURNS" envDefault:"60"`
 	MaxBudgetUSD     float64 `env:"TASKRUNNER_MAX_BUDGET_USD" envDefault:"5"`
-	// PassEnv names variables of this process copied into the sandbox (the
-	// model credentials and endpoints, never a GitHub token).
-	PassEnv []string `env:"TASKRUNNER_RUNNER_PASS_ENV" envDefault:"ANTHROPIC_API_KEY,ANTHROPIC_BASE_URL,OPENAI_API_KEY,OPENAI_BASE_URL,OTEL_EXPORTER_OTLP_ENDPOINT,OTEL_EXPORTER_OTLP_PROTOCOL"`
+	// PassEnv names variables of this process copied into the sandbox
+	// (telemetry settings). Credentials never pass: model keys stay with
+	// the model proxy, GitHub tokens with GitHubTokenService (RunnerEnv
+	// drops them even when listed here).
+	PassEnv []string `env:"TASKRUNNER_RUNNER_PASS_ENV" envDefault:"OTEL_EXPORTER_OTLP_ENDPOINT,OTEL_EXPORTER_OTLP_PROTOCOL"`
+	// ModelProxyAddr is taskrunnerd's model proxy listener
+	// (services/modelproxy); RunnerModelProxyAddr is the address runners
+	// dial for it (default: ModelProxyAddr). Empty: runners get no model
+	// access at all, since no key enters a sandbox.
+	ModelProxyAddr       string `env:"TASKRUNNER_MODEL_PROXY_ADDR"`
+	RunnerModelProxyAddr string `env:"TASKRUNNER_RUNNER_MODEL_PROXY_ADDR"`
+	// OwnerDailyUSD is what one owner's tasks created since 00:00 UTC may
+	// have spent on model calls before Dispatch refuses the owner's next
+	// task until midnight (0: no quota).
+	OwnerDailyUSD float64 `env:"TASKRUNNER_OWNER_DAILY_USD" envDefault:"0"`
 }
 
 // Validate names the bad variable.
@@ -56,6 +68,8 @@ func (c Config) Validate() error {
 		return errors.New("TASKRUNNER_MAX_TURNS: must be at least 1")
 	case c.MaxBudgetUSD <= 0:
 		return errors.New("TASKRUNNER_MAX_BUDGET_USD: must be positive")
+	case c.OwnerDailyUSD < 0:
+		return errors.New("TASKRUNNER_OWNER_DAILY_USD: must not be negative (0: no quota)")
 	}
 	return nil
 }

@@ -126,6 +126,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if cfg.RunnerTokenAddr == "" {
 		cfg.RunnerTokenAddr = cfg.RunnerEventsAddr
 	}
+	if cfg.RunnerModelProxyAddr == "" {
+		cfg.RunnerModelProxyAddr = cfg.ModelProxyAddr
+	}
 	tasks := task.NewStore(d.Pool)
 	if d.Publisher != nil {
 		tasks = tasks.WithPublisher(d.Publisher)
@@ -198,6 +201,9 @@ func (s *Server) DispatchTask(ctx context.Context, taskID string) (tk task.Task,
 				retry = max(retry, 1)
 			}
 			return errs.Quota(retry, "owner %q reached %d dispatched tasks in 24 hours; retry in %d s", owner, s.cfg.PerOwnerPerDay, retry)
+		}
+		if err := s.checkOwnerSpend(ctx, tx, owner); err != nil {
+			return err
 		}
 		if err := tx.MarkDispatched(ctx, taskID); err != nil {
 			return err
@@ -378,9 +384,15 @@ func (s *Server) RunnerEnv(ctx context.Context, t task.Task, deadline time.Time,
 	if tp := s.d.Traceparent(ctx); tp != "" {
 		env["TRACEPARENT"] = tp
 	}
+	if s.cfg.RunnerModelProxyAddr != "" {
+		// Every model call goes through the control plane's proxy, which
+		// holds the keys (services/modelproxy); the task certificate is the
+		// runner's credential there, worth a call only while the task runs.
+		env["TASKRUNNER_MODEL_PROXY_ADDR"] = s.cfg.RunnerModelProxyAddr
+	}
 	for _, k := range s.cfg.PassEnv {
 		k = strings.TrimSpace(k)
-		if k == "" || isGitHubSecret(k) {
+		if k == "" || isGitHubSecret(k) || isCredential(k) {
 			continue
 		}
 		if v := s.d.Getenv(k); v != "" {

@@ -122,7 +122,9 @@ func (h *harness) status(t *testing.T, id string) task.Status {
 
 func TestDispatchStartsSandboxWithRunnerEnv(t *testing.T) {
 	h := newHarness(t)
-	s := h.server(t, testConfig(), "sb")
+	cfg := testConfig()
+	cfg.ModelProxyAddr = "127.0.0.1:7444"
+	s := h.server(t, cfg, "sb")
 	id := h.create(t, "alice", "acme/widgets")
 	tk, err := s.DispatchTask(context.Background(), id)
 	require.NoError(t, err)
@@ -138,9 +140,11 @@ func TestDispatchStartsSandboxWithRunnerEnv(t *testing.T) {
 		return strings.Contains(env, "TASKRUNNER_MAX_BUDGET_USD=")
 	}, 10*time.Second, 20*time.Millisecond)
 	for _, want := range []string{"TASKRUNNER_TASK_ID=" + id, "TASKRUNNER_REPO=acme/widgets", "TASKRUNNER_BASE_BRANCH=main",
-		"TASKRUNNER_EVENTS_ADDR=127.0.0.1:7443", "TASKRUNNER_AGENT=claude", "ANTHROPIC_API_KEY=sk-ant-test", "BEGIN CERTIFICATE", "PRIVATE KEY-----"} {
+		"TASKRUNNER_EVENTS_ADDR=127.0.0.1:7443", "TASKRUNNER_AGENT=claude", "TASKRUNNER_MODEL_PROXY_ADDR=127.0.0.1:7444", "BEGIN CERTIFICATE", "PRIVATE KEY-----"} {
 		require.Contains(t, env, want)
 	}
+	require.NotContains(t, env, "sk-ant-test", "no model key enters a sandbox, even when listed in PassEnv")
+	require.NotContains(t, env, "ANTHROPIC_API_KEY")
 	require.NotContains(t, env, "ghp_shouldneverpass", "no GitHub token ever enters a sandbox")
 	require.NotContains(t, env, "GITHUB_TOKEN")
 
