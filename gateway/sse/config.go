@@ -14,17 +14,27 @@ type Config struct {
 	// Heartbeat is the interval of ": ping" comments that keep proxies
 	// from closing an idle stream. Default 15s.
 	Heartbeat time.Duration
-	// ClientQueue is how many live events may wait for one client; a client
-	// whose queue is full is cut off. Default 512.
+	// ClientQueue is how many live events may wait for one client: the size
+	// of each task's ring, which every client of the task reads at its own
+	// position; a client that falls that far behind is cut off (it resumes
+	// with Last-Event-ID). Default 512.
 	ClientQueue int
 	// WriteTimeout bounds one burst of writes to a client and its flush (a
-	// batch of live events, a replay page, a heartbeat); a client that
-	// cannot take it in this time is disconnected. Default 30s.
+	// batch of live events, a replay page, a heartbeat): a client that
+	// cannot take it within half of it to all of it is disconnected (the
+	// deadline is moved when half of it is used up). Default 30s.
 	WriteTimeout time.Duration
 	// StatusInterval is how often an open stream checks, through GetTask,
-	// whether its task ended without a terminal event (reaper, cancel
-	// before start). Default 30s.
+	// that its token and task are still good and whether its task finished
+	// without a final event on its timeline (timelines written before
+	// status_change existed). Default 30s.
 	StatusInterval time.Duration
+	// AuthTTL is how long a GetTask answer (the owner check) and a replay
+	// page are shared between connections of the same token and task, so a
+	// connect storm calls the services once per task instead of once per
+	// connection. A revoked token or a changed owner is refused within it.
+	// Default 2s; at most 10s.
+	AuthTTL time.Duration
 	// Retry is the reconnection delay suggested to clients ("retry:").
 	// Default 3s.
 	Retry time.Duration
@@ -39,6 +49,8 @@ const (
 	DefaultClientQueue    = 512
 	DefaultWriteTimeout   = 30 * time.Second
 	DefaultStatusInterval = 30 * time.Second
+	DefaultAuthTTL        = 2 * time.Second
+	maxAuthTTL            = 10 * time.Second
 	DefaultRetry          = 3 * time.Second
 	DefaultReplayPageSize = 500
 	maxReplayPageSize     = 1000
@@ -56,6 +68,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StatusInterval == 0 {
 		c.StatusInterval = DefaultStatusInterval
+	}
+	if c.AuthTTL == 0 {
+		c.AuthTTL = DefaultAuthTTL
 	}
 	if c.Retry == 0 {
 		c.Retry = DefaultRetry
@@ -81,6 +96,9 @@ func (c Config) Validate() error {
 	}
 	if c.StatusInterval < 0 {
 		errs = append(errs, fmt.Errorf("sse: StatusInterval %s must be positive", c.StatusInterval))
+	}
+	if c.AuthTTL < 0 || c.AuthTTL > maxAuthTTL {
+		errs = append(errs, fmt.Errorf("sse: AuthTTL %s out of range (0, %s]", c.AuthTTL, maxAuthTTL))
 	}
 	if c.Retry < 0 || c.Retry > time.Hour {
 		errs = append(errs, fmt.Errorf("sse: Retry %s out of range (0, 1h]", c.Retry))

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,6 +48,7 @@ type env struct {
 	tokens *auth.Store
 	addr   string           // gRPC
 	cc     *grpc.ClientConn // the gateway's connection to the services
+	calls  *callCounter     // the gateway's calls on cc, by method
 	h      *sse.Handler
 	srv    *httptest.Server
 }
@@ -98,8 +100,10 @@ func newEnv(t *testing.T, cfg sse.Config, o envOptions) *env {
 	e.addr = lis.Addr().String()
 
 	// The gateway side: a plain client connection, no database.
+	e.calls = &callCounter{n: map[string]int{}}
 	cc, err := grpc.NewClient("passthrough:///"+e.addr, grpc.WithTransportCredentials(credentials.NewTLS(
-		&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca.Pool(), ServerName: "127.0.0.1"})))
+		&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca.Pool(), ServerName: "127.0.0.1"})),
+		grpc.WithUnaryInterceptor(e.calls.intercept))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cc.Close() })
 	e.cc = cc
@@ -115,6 +119,25 @@ func newEnv(t *testing.T, cfg sse.Config, o envOptions) *env {
 	e.srv.Start()
 	t.Cleanup(e.srv.Close)
 	return e
+}
+
+// callCounter counts the unary calls made on a connection, by method.
+type callCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *callCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c.mu.Lock()
+	c.n[method]++
+	c.mu.Unlock()
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func (c *callCounter) get(method string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[method]
 }
 
 type smallBufListener struct{ net.Listener }
@@ -347,6 +370,19 @@ func (c *client) rest(t *testing.T) string {
 	b, err := io.ReadAll(c.rd)
 	require.NoError(t, err)
 	return strings.ReplaceAll(string(b), ": ping\n\n", "")
+}
+
+// newClient reads resp as an SSE stream.
+func newClient(resp *http.Response) *client {
+	return &client{resp: resp, rd: bufio.NewReaderSize(resp.Body, 1<<20)}
+}
+
+// taskStatus is the task's status in the database.
+func (e *env) taskStatus(t *testing.T, id string) taskrunnerv1.TaskStatus {
+	t.Helper()
+	tk, err := e.tasks.Get(context.Background(), id, "")
+	require.NoError(t, err)
+	return task.ToProto(tk).GetStatus()
 }
 
 // next reads one message or comment.

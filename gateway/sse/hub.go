@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -43,16 +45,23 @@ func encodeFrame(dst []byte, e *taskrunnerv1.Event) ([]byte, error) {
 
 // Why a watcher was dropped by the hub.
 const (
-	dropSlow     = "client too slow: its queue is full"
+	dropSlow     = "client too slow: it fell a whole ring behind"
 	dropShutdown = "gateway shutting down"
 )
 
-// watcher is one SSE connection's view of the hub.
+// watcher is one SSE connection's view of the hub: a position in its
+// topic's ring, and a wake-up signal. It holds no queue of its own.
 type watcher struct {
-	queue  chan *frame   // live events, bounded
-	resync chan struct{} // the subscription was re-established: replay
-	gone   chan struct{} // closed when the hub drops the watcher
-	reason string        // why gone closed (written before the close)
+	wake chan struct{} // capacity 1: frames, a resync or the drop await
+
+	// Guarded by the hub's mu.
+	next     uint64 // ring position of the next frame to read
+	readByte uint64 // the topic's byte count at next (bytes queued = topic's − this)
+	resync   bool   // the subscription was re-established: replay
+	topic    *topic // set by join
+	reason   string // why the hub dropped the watcher
+
+	dropped atomic.Bool // set (after reason) when the hub drops the watcher
 
 	// cut unblocks a write in progress once the watcher is dropped; mu and
 	// done keep it from touching a connection whose handler has returned.
@@ -61,8 +70,16 @@ type watcher struct {
 	done bool
 }
 
-func newWatcher(queue int, cut func()) *watcher {
-	return &watcher{queue: make(chan *frame, queue), resync: make(chan struct{}, 1), gone: make(chan struct{}), cut: cut}
+func newWatcher(cut func()) *watcher {
+	return &watcher{wake: make(chan struct{}, 1), cut: cut}
+}
+
+// signal wakes the watcher's stream (never blocks).
+func (w *watcher) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }
 
 // finish marks the handler as returned: cut becomes a no-op.
@@ -80,36 +97,52 @@ func (w *watcher) cutOff() {
 	}
 }
 
-// topic is one subscribed task channel and its local watchers.
+// topic is one subscribed task channel, its local watchers, and the ring of
+// its recent frames that every watcher reads at its own position. A frame
+// stays in the ring until every watcher has read it (or was dropped for
+// being a whole ring behind), so the ring holds what the slowest watcher
+// has not read yet, once for all of them.
 type topic struct {
 	watchers map[*watcher]struct{}
 	ready    chan struct{} // closed on the subscription's confirmation
 	isReady  bool
+	readyAt  time.Time // when it was confirmed: every event committed later reaches the hub
+	maxSeq   int64     // highest seq seen on the channel
+
+	ring  []*frame // allocated with the first frame; position p at ring[p%len]
+	head  uint64   // positions appended so far
+	tail  uint64   // oldest position still held (older slots are nil)
+	bytes uint64   // frame bytes appended so far
 }
 
 // hub multiplexes every SSE connection of the process over one Redis
 // pub/sub connection: a task's channel is subscribed when its first watcher
 // joins and unsubscribed when its last one leaves, and each message is
-// decoded once and offered to every watcher without blocking.
+// decoded once, framed once, put in the topic's ring and its watchers woken
+// without blocking. A watcher whose unread frames would be overwritten
+// (the ring's size behind) is dropped: that is the "slow client" cut.
 type hub struct {
-	ps     *redis.PubSub
-	prefix string
-	log    *slog.Logger
+	ps       *redis.PubSub
+	prefix   string
+	ringSize int
+	log      *slog.Logger
 
 	mu      sync.Mutex
 	topics  map[string]*topic
 	pending map[string]int // SUBSCRIBE commands sent and not yet confirmed
 	closed  bool
 
+	cutSlow atomic.Int64 // watchers dropped for being too slow, ever
+
 	wg sync.WaitGroup
 }
 
 var errHubClosed = errors.New("sse: shutting down")
 
-func newHub(rdb redis.UniversalClient, prefix string, log *slog.Logger) *hub {
+func newHub(rdb redis.UniversalClient, prefix string, ringSize int, log *slog.Logger) *hub {
 	h := &hub{
 		ps:     rdb.Subscribe(context.Background()),
-		prefix: prefix, log: log,
+		prefix: prefix, ringSize: ringSize, log: log,
 		topics: map[string]*topic{}, pending: map[string]int{},
 	}
 	// ChannelWithSubscriptions also yields the confirmations we wait for
@@ -155,15 +188,15 @@ func (h *hub) confirmed(channel string) {
 	case t == nil:
 	case !t.isReady:
 		if h.pending[channel] == 0 { // an older SUBSCRIBE's answer is not ours
-			t.isReady = true
+			t.isReady, t.readyAt = true, time.Now()
 			close(t.ready)
 		}
 	default:
+		// Pages fetched during the outage may miss what was published in it.
+		t.readyAt = time.Now()
 		for w := range t.watchers {
-			select {
-			case w.resync <- struct{}{}:
-			default:
-			}
+			w.resync = true
+			w.signal()
 		}
 	}
 }
@@ -187,24 +220,95 @@ func (h *hub) deliver(m *redis.Message) {
 	if t == nil {
 		return
 	}
+	if t.ring == nil {
+		t.ring = make([]*frame, h.ringSize)
+	}
+	size := uint64(len(t.ring))
+	pos := t.head
+	minNext := pos
 	for w := range t.watchers {
-		select {
-		case w.queue <- f:
-		default:
+		if pos >= size && w.next <= pos-size {
+			// Its next unread frame is the one this one overwrites.
 			h.dropLocked(m.Channel, t, w, dropSlow)
+			h.cutSlow.Add(1)
+			continue
+		}
+		minNext = min(minNext, w.next)
+		w.signal()
+	}
+	// Let go of the frames every watcher has read.
+	for ; t.tail < minNext; t.tail++ {
+		t.ring[t.tail%size] = nil
+	}
+	t.ring[pos%size] = f
+	t.head++
+	t.maxSeq = max(t.maxSeq, f.seq)
+	t.bytes += uint64(len(f.data))
+	if t.head-t.tail > size {
+		t.tail = t.head - size
+	}
+}
+
+// read appends to dst the frames w has not read yet (at most cap(dst)),
+// and reports a pending resync; a dropped watcher gets its reason.
+func (h *hub) read(w *watcher, dst []*frame) (frames []*frame, resync bool, dropped string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w.reason != "" {
+		return dst, false, w.reason
+	}
+	resync, w.resync = w.resync, false
+	t := w.topic
+	if t == nil || t.ring == nil {
+		return dst, resync, ""
+	}
+	size := uint64(len(t.ring))
+	for w.next < t.head && len(dst) < cap(dst) {
+		f := t.ring[w.next%size]
+		dst = append(dst, f)
+		w.next++
+		w.readByte += uint64(len(f.data))
+	}
+	if w.next < t.head {
+		w.signal() // more to read: come back
+	}
+	return dst, resync, ""
+}
+
+// queued is the bytes of frames written to the rings and not yet read, over
+// every watcher (a gauge: what slow clients cost).
+func (h *hub) queued() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var n uint64
+	for _, t := range h.topics {
+		for w := range t.watchers {
+			n += t.bytes - w.readByte
 		}
 	}
+	return int64(n)
+}
+
+// joined is what a stream needs to know about its topic once it joined.
+type joined struct {
+	// readyAt: every event committed after it reached the hub, so a replay
+	// page fetched after it holds everything the live feed does not.
+	readyAt time.Time
+	// seen: the highest seq the hub saw before the watcher joined; a
+	// stream whose replay ends below it must replay again (those events
+	// reached the hub before the watcher was there).
+	seen int64
 }
 
 // join adds w to taskID's topic, subscribing the channel for the first
 // watcher, and waits until the subscription is confirmed by Redis: only
 // then can a replay that follows miss nothing.
-func (h *hub) join(ctx context.Context, taskID string, w *watcher) error {
+func (h *hub) join(ctx context.Context, taskID string, w *watcher) (joined, error) {
 	channel := eventwire.Channel(h.prefix, taskID)
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return errHubClosed
+		return joined{}, errHubClosed
 	}
 	t := h.topics[channel]
 	if t == nil {
@@ -218,21 +322,29 @@ func (h *hub) join(ctx context.Context, taskID string, w *watcher) error {
 			delete(h.topics, channel)
 			_ = h.ps.Unsubscribe(context.WithoutCancel(ctx), channel)
 			h.mu.Unlock()
-			return err
+			return joined{}, err
 		}
 	}
 	t.watchers[w] = struct{}{}
+	w.topic, w.next, w.readByte = t, t.head, t.bytes
 	ready := t.ready
 	h.mu.Unlock()
 
-	select {
-	case <-ready:
-		return nil
-	case <-w.gone:
-		return errors.New(w.reason)
-	case <-ctx.Done():
-		h.leave(taskID, w)
-		return ctx.Err()
+	for {
+		select {
+		case <-ready:
+			h.mu.Lock()
+			j := joined{readyAt: t.readyAt, seen: t.maxSeq}
+			h.mu.Unlock()
+			return j, nil
+		case <-w.wake:
+			if w.dropped.Load() {
+				return joined{}, errors.New(w.reason)
+			}
+		case <-ctx.Done():
+			h.leave(taskID, w)
+			return joined{}, ctx.Err()
+		}
 	}
 }
 
@@ -266,7 +378,8 @@ func (h *hub) unsubscribeIfIdleLocked(channel string, t *topic) {
 func (h *hub) dropLocked(channel string, t *topic, w *watcher, reason string) {
 	delete(t.watchers, w)
 	w.reason = reason
-	close(w.gone)
+	w.dropped.Store(true)
+	w.signal()
 	h.unsubscribeIfIdleLocked(channel, t)
 	// The handler may be blocked writing to that client; cutting happens
 	// off the fan-out path so it can never slow anyone else.
@@ -295,7 +408,8 @@ func (h *hub) close() {
 		for w := range t.watchers {
 			delete(t.watchers, w)
 			w.reason = dropShutdown
-			close(w.gone)
+			w.dropped.Store(true)
+			w.signal()
 		}
 		delete(h.topics, channel)
 	}

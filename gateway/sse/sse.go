@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,7 @@ type Handler struct {
 	events taskrunnerv1.EventsServiceClient
 	log    *slog.Logger
 	hub    *hub
+	look   *lookups
 	mux    *http.ServeMux
 
 	subscribers atomic.Int64
@@ -86,7 +88,8 @@ func New(cfg Config, tasks taskrunnerv1.TaskServiceClient, events taskrunnerv1.E
 	for _, p := range []string{SeedPathPattern, SeedSplitPathPattern, LegacyPathPattern, LegacySplitPathPattern} {
 		h.mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, viewSeed) })
 	}
-	h.hub = newHub(rdb, h.cfg.RedisPrefix, logger)
+	h.hub = newHub(rdb, h.cfg.RedisPrefix, h.cfg.ClientQueue, logger)
+	h.look = newLookups(h.cfg.AuthTTL, subscribeTimeout)
 	return h, nil
 }
 
@@ -180,12 +183,18 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, v view) {
 	}
 	ctx := metadata.NewOutgoingContext(r.Context(), md)
 
-	got, err := h.tasks.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: taskID})
+	tokHash := hashToken(tok)
+	tk, err := h.look.task(ctx, h.tasks, tokHash, taskID)
+	if err == nil && after >= tk.GetTimelineSeq() {
+		// The client is caught up with what we know, and whether that is
+		// the end (204) or not must not rest on a kept answer.
+		h.look.forget(tokHash, taskID)
+		tk, err = h.look.task(ctx, h.tasks, tokHash, taskID)
+	}
 	if err != nil {
 		h.rpcError(ctx, w, "GetTask", err)
 		return
 	}
-	tk := got.GetTask()
 	if !legacyMatches(r, tk) {
 		writeError(w, status.New(codes.NotFound, "task "+taskID+" not found in that repository and branch"))
 		return
@@ -198,7 +207,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, v view) {
 		return
 	}
 
-	c := &stream{h: h, w: w, rc: http.NewResponseController(w), ctx: ctx, taskID: taskID, view: v, last: after, sent: after}
+	c := &stream{h: h, w: w, rc: http.NewResponseController(w), ctx: ctx, tok: tokHash, taskID: taskID, view: v, last: after, sent: after}
 	if after > 0 {
 		// Resuming: the stage the task is in now is the best guess of the
 		// stage at after (status_change frames carry it).
@@ -215,16 +224,20 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, v view) {
 	if !finished {
 		// Subscribe before the replay, so nothing committed in between is
 		// missed; a finished task publishes nothing more.
-		c.watcher = newWatcher(h.cfg.ClientQueue, func() { _ = c.rc.SetWriteDeadline(time.Now()) })
+		c.watcher = newWatcher(func() { _ = c.rc.SetWriteDeadline(time.Now()) })
 		jctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
-		err = h.hub.join(jctx, taskID, c.watcher)
+		var j joined
+		j, err = h.hub.join(jctx, taskID, c.watcher)
 		cancel()
+		c.subscribed, c.seen = j.readyAt, j.seen
 		if err != nil {
 			h.log.WarnContext(ctx, "sse: subscribe failed", "task_id", taskID, "error", err)
 			writeError(w, status.New(codes.Unavailable, "live events are unavailable; retry later"))
 			return
 		}
 		defer h.hub.leave(taskID, c.watcher)
+	} else {
+		c.subscribed = time.Now() // the task is over: any page from now on is whole
 	}
 	h.subscribers.Add(1)
 	defer h.subscribers.Add(-1)
@@ -258,13 +271,39 @@ type stream struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	ctx     context.Context // carries the caller's token to the services
+	tok     tokenHash
 	taskID  string
 	view    view
 	seed    seedView
 	last    int64    // highest seq processed; only strictly greater ones follow
 	sent    int64    // highest seq written as an id (viewFull: always last)
 	watcher *watcher // nil for a task that had finished when it connected
-	buf     []byte
+	buf     []byte   // from bufPool while a burst is written, nil between
+
+	subscribed time.Time // replay pages fetched after it may be shared (see lookups)
+	seen       int64     // the highest seq the hub had seen when the stream joined
+	deadline   time.Time // the connection's write deadline
+}
+
+// bufPool holds the buffers streams render frames into: an idle stream
+// holds none.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// buffer returns the stream's render buffer, emptied, from the pool.
+func (c *stream) buffer() []byte {
+	if c.buf == nil {
+		c.buf = (*bufPool.Get().(*[]byte))[:0]
+	}
+	return c.buf[:0]
+}
+
+// release gives the render buffer back (large ones are left to the GC).
+func (c *stream) release() {
+	if c.buf != nil && cap(c.buf) <= 64<<10 {
+		b := c.buf[:0]
+		bufPool.Put(&b)
+	}
+	c.buf = nil
 }
 
 // run writes the stream: headers, replay after c.last, then, for a task
@@ -276,10 +315,11 @@ func (c *stream) run() error {
 	hd.Set("Cache-Control", "no-cache")
 	hd.Set("X-Accel-Buffering", "no")
 	c.w.WriteHeader(http.StatusOK)
-	c.buf = append(c.buf[:0], "retry: "...)
-	c.buf = strconv.AppendInt(c.buf, c.h.cfg.Retry.Milliseconds(), 10)
-	c.buf = append(c.buf, "\n\n"...)
-	if err := c.send(c.buf); err != nil {
+	defer c.release()
+	b := append(c.buffer(), "retry: "...)
+	b = strconv.AppendInt(b, c.h.cfg.Retry.Milliseconds(), 10)
+	b = append(b, "\n\n"...)
+	if err := c.send(b); err != nil {
 		return err
 	}
 	if c.h.beforeReplay != nil {
@@ -287,6 +327,15 @@ func (c *stream) run() error {
 	}
 	if ended, err := c.replay(); ended || err != nil {
 		return c.finish(err)
+	}
+	if c.last < c.seen {
+		// A shared page predates events the hub saw before this stream
+		// joined (so they will not come live): read them on a page of
+		// our own.
+		c.subscribed = time.Now()
+		if ended, err := c.replay(); ended || err != nil {
+			return c.finish(err)
+		}
 	}
 	if c.watcher == nil {
 		// Finished before it connected, and its timeline has no final event
@@ -298,32 +347,37 @@ func (c *stream) run() error {
 	defer heartbeat.Stop()
 	check := time.NewTicker(c.h.cfg.StatusInterval)
 	defer check.Stop()
+	var batch [64]*frame
 	for {
 		select {
-		case f := <-c.watcher.queue:
-			// Write every frame already queued, then flush once: under load
-			// this turns many small writes into one syscall per batch.
+		case <-c.watcher.wake:
+			frames, resync, dropped := c.h.hub.read(c.watcher, batch[:0])
+			if dropped != "" {
+				return errors.Join(errEnded, errors.New(dropped))
+			}
+			if resync {
+				c.subscribed = time.Now() // see hub.confirmed
+				if ended, err := c.replay(); ended || err != nil {
+					return c.finish(err)
+				}
+			}
+			if len(frames) == 0 {
+				continue
+			}
+			// Write every frame read, then flush once: under load this
+			// turns many small writes into one syscall per batch.
 			c.arm()
-			for more := true; more; {
+			for _, f := range frames {
 				ended, err := c.live(f)
 				if ended || err != nil {
 					return c.finish(err)
 				}
-				select {
-				case f = <-c.watcher.queue:
-				default:
-					more = false
-				}
 			}
+			clear(batch[:len(frames)])
 			if err := c.rc.Flush(); err != nil {
 				return err
 			}
-		case <-c.watcher.resync:
-			if ended, err := c.replay(); ended || err != nil {
-				return c.finish(err)
-			}
-		case <-c.watcher.gone:
-			return errors.Join(errEnded, errors.New(c.watcher.reason))
+			c.release()
 		case <-heartbeat.C:
 			if err := c.send([]byte(heartbeatComment)); err != nil {
 				return err
@@ -345,7 +399,7 @@ func (c *stream) finish(err error) error {
 		return err
 	}
 	if c.view == viewSeed {
-		c.buf = c.seed.end(c.buf[:0], c.last, c.sent)
+		c.buf = c.seed.end(c.buffer(), c.last, c.sent)
 		if len(c.buf) > 0 {
 			if err := c.write(c.buf); err != nil {
 				return err
@@ -392,7 +446,7 @@ func (c *stream) live(f *frame) (ended bool, err error) {
 // writeSeed writes e in the seed view; ended is true after the final event.
 func (c *stream) writeSeed(e *taskrunnerv1.Event) (ended bool, err error) {
 	var wrote bool
-	c.buf, wrote = c.seed.append(c.buf[:0], e)
+	c.buf, wrote = c.seed.append(c.buffer(), e)
 	if wrote {
 		if err := c.write(c.buf); err != nil {
 			return false, err
@@ -409,7 +463,7 @@ func (c *stream) writeSeed(e *taskrunnerv1.Event) (ended bool, err error) {
 // revoked token or a task that is gone. A finished task's stream ends
 // after whatever the log still holds.
 func (c *stream) checkStatus() (bool, error) {
-	got, err := c.h.tasks.GetTask(c.ctx, &taskrunnerv1.GetTaskRequest{Id: c.taskID})
+	tk, err := c.h.look.task(c.ctx, c.h.tasks, c.tok, c.taskID)
 	if err != nil {
 		switch status.Code(err) {
 		case codes.NotFound, codes.Unauthenticated, codes.PermissionDenied:
@@ -418,7 +472,7 @@ func (c *stream) checkStatus() (bool, error) {
 		c.h.log.WarnContext(c.ctx, "sse: status check failed", "task_id", c.taskID, "error", err)
 		return false, nil
 	}
-	if !eventwire.TerminalStatus(got.GetTask().GetStatus()) {
+	if !eventwire.TerminalStatus(tk.GetStatus()) {
 		return false, nil
 	}
 	if _, err := c.replay(); err != nil {
@@ -431,9 +485,9 @@ func (c *stream) checkStatus() (bool, error) {
 // true once the final event is written.
 func (c *stream) replay() (ended bool, err error) {
 	for {
-		resp, err := c.h.events.ListEvents(c.ctx, &taskrunnerv1.ListEventsRequest{
+		resp, err := c.h.look.page(c.ctx, c.h.events, c.tok, &taskrunnerv1.ListEventsRequest{
 			TaskId: c.taskID, AfterSeq: c.last, PageSize: int32(c.h.cfg.ReplayPageSize),
-		})
+		}, c.subscribed)
 		if err != nil {
 			return false, err
 		}
@@ -448,7 +502,7 @@ func (c *stream) replay() (ended bool, err error) {
 					return false, err
 				}
 			} else {
-				if c.buf, err = encodeFrame(c.buf[:0], e); err != nil {
+				if c.buf, err = encodeFrame(c.buffer(), e); err != nil {
 					return false, err
 				}
 				if err := c.write(c.buf); err != nil {
@@ -464,6 +518,7 @@ func (c *stream) replay() (ended bool, err error) {
 		if err := c.rc.Flush(); err != nil {
 			return false, err
 		}
+		c.release()
 		if resp.GetNextPageToken() == "" || len(resp.GetEvents()) == 0 {
 			return false, nil
 		}
@@ -479,20 +534,26 @@ func (c *stream) send(b []byte) error {
 	return c.rc.Flush()
 }
 
-// arm gives the writes and the flush that follow, together, the write
-// timeout: a client that cannot take them in time is cut off.
-func (c *stream) arm() { _ = c.rc.SetWriteDeadline(time.Now().Add(c.h.cfg.WriteTimeout)) }
+// arm gives the writes and the flush that follow, together, at least half
+// the write timeout (and at most all of it): a client that cannot take them
+// in that time is cut off. The deadline is moved only once half of it is
+// used up, not for every burst: a busy stream resets it a few times per
+// WriteTimeout instead of once per batch of frames.
+func (c *stream) arm() {
+	now := time.Now()
+	if c.deadline.Sub(now) >= c.h.cfg.WriteTimeout/2 {
+		return
+	}
+	c.deadline = now.Add(c.h.cfg.WriteTimeout)
+	_ = c.rc.SetWriteDeadline(c.deadline)
+}
 
 // write buffers b (a full buffer writes through) under the deadline of the
 // last arm. A watcher the hub has dropped writes nothing more (its cut may
 // already have passed, so the deadline must not let the write block long).
 func (c *stream) write(b []byte) error {
-	if c.watcher != nil {
-		select {
-		case <-c.watcher.gone:
-			return errors.Join(errEnded, errors.New(c.watcher.reason))
-		default:
-		}
+	if c.watcher != nil && c.watcher.dropped.Load() {
+		return errEnded
 	}
 	_, err := c.w.Write(b)
 	return err

@@ -581,6 +581,7 @@ func TestSlowClientIsCutOffWithoutDelayingOthers(t *testing.T) {
 	require.Less(t, slowest, 5*time.Second, "the fast client's deliveries stayed on time")
 	// The slow one was dropped; the fast one is still open.
 	require.Eventually(t, func() bool { return e.h.Subscribers() == 1 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, int64(1), e.h.CutOff(), "counted as cut off")
 
 	e.cancelTask(t, id, tok, "enough")
 	checkMessages(t, fast.events(t), e.timeline(t, id)[n0+n:])

@@ -19,7 +19,6 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -107,11 +106,8 @@ func run() error {
 		return err
 	}
 	defer stream.Close()
-	if _, err := otel.Meter("github.com/taskrunner/taskrunner/gateway/sse").Int64ObservableGauge("taskrunner.sse.subscribers",
-		metric.WithDescription("Open SSE streams"), metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			o.Observe(stream.Subscribers())
-			return nil
-		})); err != nil {
+	// Open streams, subscribed channels, bytes queued, clients cut off.
+	if err := stream.RegisterMetrics(otel.Meter("github.com/taskrunner/taskrunner/gateway/sse")); err != nil {
 		return err
 	}
 	var consoleCfg console.Config

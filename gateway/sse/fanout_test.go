@@ -1,0 +1,103 @@
+package sse_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/taskrunner/taskrunner/gateway/sse"
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
+	"github.com/taskrunner/taskrunner/services/auth"
+	"github.com/taskrunner/taskrunner/services/task"
+)
+
+// TestConnectStormSharesLookups: many connections of one token to one task
+// cost one owner check and one replay, not one each, and every one of them
+// still gets the whole timeline.
+func TestConnectStormSharesLookups(t *testing.T) {
+	e := newEnv(t, sse.Config{AuthTTL: 5 * time.Second}, envOptions{})
+	id := e.runningTask(t, "alice")
+	tok := e.token(t, "alice")
+	e.emit(t, id, logs(1, 3)...)
+	tl := e.timeline(t, id)
+	getTask := taskrunnerv1.TaskService_GetTask_FullMethodName
+	listEvents := taskrunnerv1.EventsService_ListEvents_FullMethodName
+	g0, l0 := e.calls.get(getTask), e.calls.get(listEvents)
+
+	const n = 40
+	clients := make([]*client, n)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// e.open uses require, which must run on the test's goroutine:
+			// connect here, check below.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			t.Cleanup(cancel)
+			resp, err := e.srv.Client().Do(e.request(t, ctx, eventsPath(id), tok, nil))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			t.Cleanup(func() { _ = resp.Body.Close() })
+			clients[i] = newClient(resp)
+		}()
+	}
+	wg.Wait()
+	require.Empty(t, errs)
+	for _, c := range clients {
+		require.Equal(t, http.StatusOK, c.resp.StatusCode)
+		first, err := c.next()
+		require.NoError(t, err)
+		require.NotEmpty(t, first.retry)
+		checkMessages(t, c.take(t, len(tl)), tl)
+	}
+	gets, lists := e.calls.get(getTask)-g0, e.calls.get(listEvents)-l0
+	t.Logf("%d connects: %d GetTask, %d ListEvents", n, gets, lists)
+	require.LessOrEqual(t, gets, 2, "one owner check per token and task within the TTL")
+	require.Less(t, lists, n, "replays are shared")
+
+	// Live events reach every one of them, once.
+	e.advance(t, id, task.Advance{Status: task.StatusCancelled, FailedReason: "storm over", Actor: task.UserActor("alice")})
+	tl = e.timeline(t, id)
+	for _, c := range clients {
+		checkMessages(t, c.events(t), tl[len(tl)-1:])
+	}
+	require.Eventually(t, func() bool { return e.h.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
+	require.Zero(t, e.h.QueuedBytes())
+}
+
+// TestRevokedTokenIsRefusedWithinTheTTL: a kept owner check does not
+// outlive the TTL, for new connections and for open streams.
+func TestRevokedTokenIsRefusedWithinTheTTL(t *testing.T) {
+	const ttl = 200 * time.Millisecond
+	e := newEnv(t, sse.Config{AuthTTL: ttl, StatusInterval: 50 * time.Millisecond}, envOptions{})
+	id := e.runningTask(t, "alice")
+	tok, tokID, err := e.tokens.Create(context.Background(), "alice", []string{auth.ScopeTasks}, "test")
+	require.NoError(t, err)
+	open := e.open(t, eventsPath(id), tok, nil)
+	checkMessages(t, open.take(t, len(e.timeline(t, id))), e.timeline(t, id))
+
+	require.NoError(t, e.tokens.Revoke(context.Background(), tokID))
+	revoked := time.Now()
+	require.Eventually(t, func() bool {
+		return e.status(t, eventsPath(id), tok, nil) == http.StatusUnauthorized
+	}, 10*time.Second, 10*time.Millisecond)
+	took := time.Since(revoked)
+	t.Logf("refused %s after the revocation", took)
+	require.Less(t, took, ttl+2*time.Second)
+	// The open stream ends at its next status check after the TTL (its
+	// reconnect then gets 401, and EventSource stops).
+	require.Empty(t, open.events(t))
+	require.Less(t, time.Since(revoked), ttl+5*time.Second)
+	require.Equal(t, taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING, e.taskStatus(t, id), "the task itself goes on")
+}
