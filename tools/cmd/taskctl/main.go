@@ -89,6 +89,9 @@ func (g *globals) resolve(cmd *cobra.Command) {
 			}
 		}
 	}
+	if !cmd.Flags().Changed("tls") && os.Getenv("TASKRUNNER_GRPC_TLS") == "true" {
+		g.tls = true
+	}
 	if g.addr == "" {
 		g.addr = defaultAddr
 	}
@@ -115,7 +118,7 @@ func newRoot(out io.Writer) *cobra.Command {
 	pf.StringVar(&g.token, "token", "", "API bearer token (env TASKRUNNER_TOKEN)")
 	pf.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL, for token create only (env TASKRUNNER_DATABASE_URL; default postgres://postgres@127.0.0.1:5432/taskrunner)")
 	pf.StringVar(&g.caFile, "ca", "", "PEM CA bundle: dial --addr with TLS and verify the server against it (env TASKRUNNER_GRPC_CA_FILE; default plaintext)")
-	pf.BoolVar(&g.tls, "tls", false, "dial --addr with TLS, verifying the server against the system roots")
+	pf.BoolVar(&g.tls, "tls", false, "dial --addr with TLS, verifying the server against the system roots (env TASKRUNNER_GRPC_TLS=true)")
 	pf.BoolVar(&g.json, "json", false, "print JSON, in the shape of the REST API's responses (proto field names)")
 	root.AddCommand(tokenCmd(g), taskCmd(g), pkiCmd(g))
 	return root
