@@ -431,7 +431,9 @@ func testEndToEndDemo(t *testing.T, agentName string) {
 	require.Regexp(t, `openspec/changes/archive/\d{4}-\d{2}-\d{2}-add-farewell/proposal\.md`, files)
 	require.Contains(t, files, "openspec/specs/greet/spec.md")
 	require.NotContains(t, files, "openspec/changes/add-farewell/")
-	require.Contains(t, files, demo[agentName].initFile, "openspec init is part of the change")
+	require.NotContains(t, files, demo[agentName].initFile, "what openspec init writes for the agent stays out of the PR")
+	require.NotContains(t, files, "openspec/config.yaml", "what openspec init writes stays out of the PR")
+	require.NotRegexp(t, `(?m)^\.(claude|codex|agents)/`, files)
 	require.Equal(t, "taskrunner", strings.TrimSpace(h.git("log", "-1", "--format=%an", branch)))
 	require.Contains(t, h.git("log", "-1", "--format=%B", branch), "Task: "+h.taskID)
 

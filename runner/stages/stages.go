@@ -29,9 +29,25 @@ type Task struct {
 	TraceParent string
 	// Deadline is the hard deadline (zero: none).
 	Deadline time.Time
-	// MaxBudgetUSD stops the task when the session cost reaches it (0: no budget).
+	// MaxBudgetUSD stops the run when its cost reaches it (0: no budget).
 	MaxBudgetUSD float64
+
+	// Run is the task's run (0 or 1: the first). A follow-up (Run > 1) revises the task's
+	// pull request PRNumber (PRURL) with Followup; Prompt stays the original request.
+	Run      int
+	Followup string
+	PRNumber int64
+	PRURL    string
+	// ConsoleURL and TraceURLTemplate make the links of the PR text (see pr.ConsoleLink and
+	// pr.TraceLink); empty: no console link, the bare trace id.
+	ConsoleURL, TraceURLTemplate string
 }
+
+// FollowUp tells whether the task is a follow-up run.
+func (t Task) FollowUp() bool { return t.Run > 1 }
+
+// run is the task's run number (1 for the first).
+func (t Task) run() int { return max(t.Run, 1) }
 
 // Options are the runner's dependencies.
 type Options struct {
@@ -55,6 +71,11 @@ type Options struct {
 	// Expired, when closed, acts as the deadline passing (tests; the control plane's own
 	// timeout signal could use it too).
 	Expired <-chan struct{}
+	// Sessions saves the agent's session at the end of the run and loads the previous run's
+	// at the start of a follow-up (nil: neither; a follow-up then starts cold).
+	Sessions SessionStore
+	// SessionTimeout bounds saving or loading the session (default 1 min).
+	SessionTimeout time.Duration
 }
 
 // Status is how a run ended.
@@ -115,6 +136,12 @@ type run struct {
 	totalCost float64
 	tokensIn  int64
 	tokensOut int64
+	// stagesRun counts the stages the agent was started for (a session worth saving).
+	stagesRun int
+	// lastText is the agent's last message (a follow-up's comment falls back on it).
+	lastText string
+	// target is the pull request of a follow-up, once checked.
+	target pr.Target
 }
 
 var tracer = otel.Tracer("github.com/taskrunner/taskrunner/runner/stages")
@@ -131,6 +158,9 @@ func Run(ctx context.Context, opts Options) Outcome {
 	}
 	if opts.FinishTimeout <= 0 {
 		opts.FinishTimeout = 2 * time.Minute
+	}
+	if opts.SessionTimeout <= 0 {
+		opts.SessionTimeout = time.Minute
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -172,6 +202,7 @@ func Run(ctx context.Context, opts Options) Outcome {
 	opened, err := r.work(runCtx)
 	if err == nil {
 		out := Outcome{Status: StatusCompleted, PRURL: opened.URL, PRNumber: opened.Number}
+		r.saveSession()
 		r.emit.send(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Completed{Completed: &taskrunnerv1.Completed{PrUrl: opened.URL, PrNumber: opened.Number}}})
 		return out
 	}
@@ -185,6 +216,7 @@ func Run(ctx context.Context, opts Options) Outcome {
 	case errors.As(cause, &cancelled):
 		r.log.Info("cancelled", "reason", cancelled.Reason)
 		reason := r.reason(cancelled.Reason)
+		r.saveSession()
 		r.emit.send(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Cancelled{Cancelled: &taskrunnerv1.Cancelled{Reason: reason}}})
 		return Outcome{Status: StatusCancelled, Reason: reason}
 	case errors.Is(cause, ErrTimeout):
@@ -216,6 +248,7 @@ func (r *run) fail(reason string, partial bool) Outcome {
 		}
 	}
 	out.Reason = r.reason(reason)
+	r.saveSession()
 	r.emit.send(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Failed{Failed: &taskrunnerv1.Failed{Reason: out.Reason, PrUrl: out.PRURL, PrNumber: out.PRNumber}}})
 	return out
 }
@@ -256,7 +289,12 @@ func (r *run) work(ctx context.Context) (pr.Opened, error) {
 	if tok.Repo == "" {
 		tok.Repo = r.task.Repo
 	}
-	r.logf("cloning %s (branch %s)", r.task.Repo, r.task.BaseBranch)
+	if r.task.FollowUp() {
+		if err := r.checkPR(ctx, tok); err != nil {
+			return pr.Opened{}, err
+		}
+	}
+	r.logf("cloning %s (branch %s)", r.task.Repo, r.cloneBranch())
 	if err := r.ws.Clone(ctx, tok.CloneURL(), tok.Value); err != nil {
 		var ge *workspace.Error
 		if errors.As(err, &ge) {
@@ -266,22 +304,29 @@ func (r *run) work(ctx context.Context) (pr.Opened, error) {
 			case workspace.KindRepoNotFound:
 				return pr.Opened{}, fmt.Errorf("clone %s: repository not found", r.task.Repo)
 			case workspace.KindBranchNotFound:
+				if r.task.FollowUp() {
+					return pr.Opened{}, fmt.Errorf("clone %s: the task branch %q not found", r.task.Repo, r.ws.Branch())
+				}
 				return pr.Opened{}, fmt.Errorf("clone %s: base branch %q not found", r.task.Repo, r.task.BaseBranch)
 			}
 		}
 		return pr.Opened{}, fmt.Errorf("clone %s: %w", r.task.Repo, err)
 	}
-	if !r.ws.HasOpenSpec() {
-		r.logf("openspec init --tools %s", r.opts.OpenSpecTool)
-		if err := r.ws.InitOpenSpec(ctx, r.opts.OpenSpecBin, r.opts.OpenSpecTool); err != nil {
+	if err := r.prepareOpenSpec(ctx); err != nil {
+		return pr.Opened{}, err
+	}
+	prompt := r.task.Prompt
+	if r.task.FollowUp() {
+		r.restoreSession(ctx)
+		if prompt, err = r.followupPrompt(ctx); err != nil {
 			return pr.Opened{}, err
 		}
 	}
 
-	for _, stage := range stageOrder {
+	for _, stage := range r.stages() {
 		r.trk.enter(stage)
 		_, change := r.trk.current()
-		req := agent.StageRequest{Stage: stage, Prompt: r.task.Prompt, Change: change}
+		req := agent.StageRequest{Stage: stage, Prompt: prompt, Change: change}
 		if stage == taskrunnerv1.TaskStage_TASK_STAGE_APPLY || stage == taskrunnerv1.TaskStage_TASK_STAGE_ARCHIVE {
 			if req.Change == "" {
 				return pr.Opened{}, errors.New("the propose stage produced no OpenSpec change under openspec/changes/")
@@ -289,7 +334,11 @@ func (r *run) work(ctx context.Context) (pr.Opened, error) {
 		}
 		sctx, span := tracer.Start(ctx, "stage."+StageName(stage), trace.WithAttributes(
 			attribute.String("taskrunner.task_id", r.task.ID), attribute.String("taskrunner.stage", StageName(stage))))
+		r.stagesRun++
 		res, err := r.opts.Agent.RunStage(sctx, req, observer{r})
+		if res.Text != "" {
+			r.lastText = res.Text
+		}
 		span.SetAttributes(attribute.Float64("taskrunner.cost_usd", res.CostUSD), attribute.Int64("taskrunner.tokens_in", res.TokensIn),
 			attribute.Int64("taskrunner.tokens_out", res.TokensOut))
 		if err != nil {
@@ -335,7 +384,8 @@ func (r *run) account(stage taskrunnerv1.TaskStage, res agent.Result) {
 		return
 	}
 	r.costs = append(r.costs, pr.StageCost{Stage: StageName(stage), CostUSD: res.CostUSD})
-	r.totalCost = res.TotalCostUSD
+	// The run's own cost: a resumed conversation's totals include earlier runs.
+	r.totalCost += res.CostUSD
 	r.tokensIn += res.TokensIn
 	r.tokensOut += res.TokensOut
 }
@@ -384,6 +434,9 @@ func (r *run) finish(ctx context.Context, incomplete string) (pr.Opened, error) 
 		msg = title + "\n\nThe task stopped before finishing: " + r.reason(incomplete)
 	}
 	msg = strings.TrimSpace(msg) + "\n\nTask: " + r.task.ID + "\n"
+	if r.task.FollowUp() {
+		msg += fmt.Sprintf("Run: %d\n", r.task.run())
+	}
 	committed, err := r.ws.Commit(ctx, msg)
 	if err != nil {
 		return pr.Opened{}, fmt.Errorf("commit: %w", err)
@@ -417,13 +470,13 @@ func (r *run) finish(ctx context.Context, incomplete string) (pr.Opened, error) 
 		}
 		return pr.Opened{}, fmt.Errorf("push: %w", err)
 	}
-	traceID := ""
-	if parts := strings.Split(r.task.TraceParent, "-"); len(parts) == 4 {
-		traceID = parts[1]
+	run := pr.Run{Number: r.task.run(), Change: change, Costs: r.costs, Incomplete: r.reasonOrEmpty(incomplete)}
+	if r.task.FollowUp() {
+		return r.reportRevision(ctx, tok, run, summary)
 	}
 	opened, err := pr.Open(ctx, pr.Request{
 		Repo: r.task.Repo, Head: r.ws.Branch(), Base: r.task.BaseBranch,
-		Title: redact.Truncate(title, 250), Body: pr.Body(r.task.ID, summary, r.costs, traceID, r.reasonOrEmpty(incomplete)),
+		Title: redact.Truncate(title, 250), Body: pr.Body(r.task.ID, summary, run, r.links()),
 		Draft: incomplete != "", APIBaseURL: tok.APIBaseURL, Token: tok.Value,
 		TraceParent: r.task.TraceParent, HTTPClient: r.opts.HTTPClient,
 	})

@@ -60,6 +60,40 @@ func New(cfg Config) *Workspace {
 	return &Workspace{cfg: cfg}
 }
 
+// User is who runs git and openspec (nil: the runner itself).
+func (w *Workspace) User() *proc.User { return w.cfg.User }
+
+// FollowUp tells whether this checkout is a follow-up run's (the task branch was cloned).
+func (w *Workspace) FollowUp() bool { return w.cfg.FollowUp }
+
+// BranchChanges lists the OpenSpec change directories (openspec/changes/<name> or
+// openspec/changes/archive/<dated-name>) the task branch added or changed compared with the
+// base branch: the change so far, for a follow-up.
+func (w *Workspace) BranchChanges(ctx context.Context) ([]string, error) {
+	out, err := w.git(ctx, "diff", "", "diff", "--name-only", "--no-renames", "origin/"+w.cfg.BaseBranch+"...HEAD", "--", "openspec/changes/")
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var dirs []string
+	for _, p := range strings.Split(out, "\n") {
+		parts := strings.Split(p, "/")
+		n := 3 // openspec/changes/<name>/…
+		if len(parts) > 3 && parts[2] == "archive" {
+			n = 4
+		}
+		if len(parts) <= n {
+			continue
+		}
+		d := strings.Join(parts[:n], "/")
+		if !seen[d] {
+			seen[d] = true
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs, nil
+}
+
 // Dir is the checkout directory.
 func (w *Workspace) Dir() string { return w.cfg.Dir }
 
@@ -318,6 +352,15 @@ func (w *Workspace) CommittedDiff(ctx context.Context) ([]FileStat, error) {
 		return nil, err
 	}
 	return ParseNumstatFiles(out), nil
+}
+
+// NewCommits are the short ids of this run's commits (BaseSHA..HEAD), oldest first.
+func (w *Workspace) NewCommits(ctx context.Context) ([]string, error) {
+	out, err := w.git(ctx, "rev-list", "", "rev-list", "--reverse", "--abbrev-commit", w.baseSHA+"..HEAD")
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(out), nil
 }
 
 // HeadSHA is the commit checked out.

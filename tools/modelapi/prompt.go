@@ -21,6 +21,10 @@ type Prompt struct {
 	LastUserText string
 	// Workspace is the CLI's working directory ("Primary working directory: …").
 	Workspace string
+	// History is the text of the conversation before the stage prompt (every message's text
+	// and tool results): empty for a new conversation, the earlier stages and runs for a
+	// resumed one.
+	History string
 }
 
 type apiRequest struct {
@@ -102,6 +106,15 @@ func readPrompt(req *apiRequest) Prompt {
 		if m.Role == "assistant" {
 			p.Turn++
 		}
+	}
+	if promptAt > 0 {
+		var hist []string
+		for _, m := range req.Messages[:promptAt] {
+			if t := userText(blocks(m.Content), true); t != "" {
+				hist = append(hist, m.Role+": "+t)
+			}
+		}
+		p.History = strings.Join(hist, "\n")
 	}
 	return p
 }

@@ -132,6 +132,18 @@ func readResponsesPrompt(in []inputItem) Prompt {
 			break
 		}
 	}
+	if promptAt > 0 {
+		var hist []string
+		for _, it := range in[:promptAt] {
+			switch {
+			case it.isMessage():
+				hist = append(hist, it.Role+": "+it.text())
+			case it.Type == "function_call_output" || it.Type == "custom_tool_call_output":
+				hist = append(hist, "tool: "+it.outputOf())
+			}
+		}
+		p.History = strings.Join(hist, "\n")
+	}
 	maxTurn, runs, inRun := -1, 0, false
 	for _, it := range in[promptAt+1:] {
 		for _, id := range []string{it.ID, it.CallID} {
@@ -240,6 +252,10 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request, rec *Request)
 			clip(p.LastUserText, 200), stage.Name, len(stage.Turns), p.Turn)))
 	}
 	rec.Turn = p.Turn
+	if msg, ok := s.checkHistory(stage, p, rec); !ok {
+		w.Header().Set("x-should-retry", "false")
+		return writeJSON(w, http.StatusBadRequest, responsesError("invalid_request_error", msg))
+	}
 	turn := stage.Turns[p.Turn]
 	n := s.seq.Add(1)
 	id := fmt.Sprintf("resp_modelapi_%d", n)

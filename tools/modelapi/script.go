@@ -28,6 +28,9 @@ import (
 //	      - - text: "Done."
 //	      - error: {status: 529, type: overloaded_error, message: "Overloaded"}
 //
+// A stage's `history: '<regexp>'` asserts that its first request continues an earlier
+// conversation (a resumed session): see Stage.History.
+//
 // A turn is either a list of blocks or a mapping with `blocks` or `error`. Strings in
 // text blocks and tool inputs are Go text/template templates over the variables; the
 // variable `workspace` is the CLI's working directory taken from its environment text.
@@ -50,8 +53,13 @@ type Stage struct {
 	// Usage is reported for every turn of the stage so the CLI computes a cost.
 	Usage *Usage `yaml:"usage"`
 	Turns []Turn `yaml:"turns"`
+	// History, a regexp, asserts a resumed conversation: the stage's first request must carry
+	// earlier messages (before the stage prompt) that match it, or it is answered with an error
+	// (HTTP 400, not retried) that fails the agent's stage.
+	History string `yaml:"history"`
 
-	re *regexp.Regexp
+	re      *regexp.Regexp
+	history *regexp.Regexp
 }
 
 // Usage is the token count reported for one turn.
@@ -153,6 +161,11 @@ func ParseScript(b []byte) (*Script, error) {
 			return nil, fmt.Errorf("stage %q: match: %w", st.Name, err)
 		}
 		st.re = re
+		if st.History != "" {
+			if st.history, err = regexp.Compile(st.History); err != nil {
+				return nil, fmt.Errorf("stage %q: history: %w", st.Name, err)
+			}
+		}
 		if len(st.Turns) == 0 {
 			return nil, fmt.Errorf("stage %q has no turns", st.Name)
 		}
@@ -163,6 +176,17 @@ func ParseScript(b []byte) (*Script, error) {
 		}
 	}
 	return &s, nil
+}
+
+// WithoutHistory returns a copy of the script whose stages assert no earlier conversation:
+// the same answers for an agent that starts cold.
+func (s *Script) WithoutHistory() *Script {
+	c := *s
+	c.Stages = append([]Stage(nil), s.Stages...)
+	for i := range c.Stages {
+		c.Stages[i].History, c.Stages[i].history = "", nil
+	}
+	return &c
 }
 
 func (t Turn) check() error {

@@ -25,7 +25,20 @@ type Request struct {
 	Stream bool
 	// Prompt is the start of the stage prompt the request was matched on.
 	Prompt string
+	// History is set on the first request of a stage with a `history` requirement: whether
+	// the earlier conversation it requires was in the request.
+	History HistoryCheck
 }
+
+// HistoryCheck is the outcome of a stage's `history` requirement.
+type HistoryCheck int
+
+// Outcomes of a history check.
+const (
+	HistoryNotChecked HistoryCheck = iota
+	HistoryFound
+	HistoryMissing
+)
 
 // Server answers Anthropic Messages API and OpenAI Responses API requests from a Script. It is an
 // http.Handler and safe for concurrent use.
@@ -98,6 +111,10 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request, rec *Request) 
 			clip(p.LastUserText, 200), stage.Name, len(stage.Turns), p.Turn)))
 	}
 	rec.Turn = p.Turn
+	if msg, ok := s.checkHistory(stage, p, rec); !ok {
+		w.Header().Set("x-should-retry", "false")
+		return writeJSON(w, http.StatusBadRequest, errorBody("invalid_request_error", msg))
+	}
 	turn := stage.Turns[p.Turn]
 
 	if e := turn.Error; e != nil {
@@ -150,6 +167,24 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request, rec *Request) 
 		s.log.Warn("modelapi stream write failed", "err", err)
 	}
 	return http.StatusOK
+}
+
+// checkHistory enforces a stage's `history` requirement on its first request: the earlier
+// conversation must be in the request (a resumed session), else the answer is an error that
+// fails the agent's stage. Later turns of the stage are not checked: the CLI resends what the
+// first one had.
+func (s *Server) checkHistory(st *Stage, p Prompt, rec *Request) (string, bool) {
+	if st.history == nil || p.Turn != 0 {
+		return "", true
+	}
+	if st.history.MatchString(p.History) {
+		rec.History = HistoryFound
+		return "", true
+	}
+	rec.History = HistoryMissing
+	s.log.Warn("modelapi: the earlier conversation is missing", "stage", st.Name, "history", st.History)
+	return fmt.Sprintf("modelapi: stage %q must continue the earlier conversation, but the request does not carry it "+
+		"(no match for %q in the %d bytes before the prompt): the session was not resumed", st.Name, st.History, len(p.History)), false
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) int {
