@@ -57,6 +57,12 @@ type Config struct {
 	TLSKeyPEM   string `env:"TASKRUNNER_TLS_KEY_PEM"`
 	TLSCAPEM    string `env:"TASKRUNNER_TLS_CA_PEM"`
 
+	// ModelProxyAddr is the control plane's model proxy (host:port, mTLS with the task
+	// certificate). When set, the agent CLIs reach the model only through a loopback forwarder
+	// to it (runner/modelproxy): no model key is in the sandbox, and usage and the budget are
+	// metered and enforced there.
+	ModelProxyAddr string `env:"TASKRUNNER_MODEL_PROXY_ADDR"`
+
 	TraceParent string `env:"TRACEPARENT"`
 	// Deadline is RFC 3339; empty means none (the control plane's reaper still applies).
 	Deadline     string  `env:"TASKRUNNER_DEADLINE"`
@@ -192,7 +198,7 @@ func (c Config) Validate() error {
 			bad(name, "must not be negative, got %g", p)
 		}
 	}
-	for name, addr := range map[string]string{"TASKRUNNER_EVENTS_ADDR": c.EventsAddr, "TASKRUNNER_TOKEN_ADDR": c.TokenAddr} {
+	for name, addr := range map[string]string{"TASKRUNNER_EVENTS_ADDR": c.EventsAddr, "TASKRUNNER_TOKEN_ADDR": c.TokenAddr, "TASKRUNNER_MODEL_PROXY_ADDR": c.ModelProxyAddr} {
 		if addr == "" {
 			continue
 		}

@@ -71,6 +71,10 @@ type Options struct {
 	// Expired, when closed, acts as the deadline passing (tests; the control plane's own
 	// timeout signal could use it too).
 	Expired <-chan struct{}
+	// MeteredOutside is set when the control plane's model proxy meters every model call and
+	// records the task's usage itself: the runner then sends no Usage events (its agent-reported
+	// totals would overwrite the proxy's on the task row).
+	MeteredOutside bool
 	// Sessions saves the agent's session at the end of the run and loads the previous run's
 	// at the start of a follow-up (nil: neither; a follow-up then starts cold).
 	Sessions SessionStore
@@ -391,6 +395,9 @@ func (r *run) account(stage taskrunnerv1.TaskStage, res agent.Result) {
 }
 
 func (r *run) sendUsage() {
+	if r.opts.MeteredOutside {
+		return
+	}
 	r.emit.send(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Usage{Usage: &taskrunnerv1.Usage{
 		CostUsd: r.totalCost, TokensIn: r.tokensIn, TokensOut: r.tokensOut,
 	}}})

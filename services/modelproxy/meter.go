@@ -8,7 +8,7 @@ import (
 // Usage is what one model call consumed, as its upstream reported it. Input excludes the
 // prompt-cache reads and writes, which are counted apart (they are priced apart).
 type Usage struct {
-	Model                                 string
+	Model                                string
 	Input, Output, CacheRead, CacheWrite int64
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -26,6 +27,7 @@ import (
 	"github.com/taskrunner/taskrunner/runner/agent/codex"
 	"github.com/taskrunner/taskrunner/runner/config"
 	"github.com/taskrunner/taskrunner/runner/eventsclient"
+	"github.com/taskrunner/taskrunner/runner/modelproxy"
 	"github.com/taskrunner/taskrunner/runner/proc"
 	"github.com/taskrunner/taskrunner/runner/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
@@ -99,6 +101,9 @@ func run() int {
 		return r.failEarly(failure)
 	}
 	defer func() { _ = r.tokenConn.Close() }()
+	if r.fwd != nil {
+		defer func() { _ = r.fwd.Close() }()
+	}
 
 	out := stages.Run(ctx, opts)
 	r.log.InfoContext(ctx, "runner finished", "status", out.Status.String(), "reason", out.Reason, "pr_url", out.PRURL)
@@ -119,6 +124,7 @@ type runner struct {
 	rpcTel    grpc.DialOption
 	events    *eventsclient.Client
 	tokenConn *grpc.ClientConn
+	fwd       *modelproxy.Forwarder // nil without TASKRUNNER_MODEL_PROXY_ADDR
 }
 
 // configure reads the environment: configuration, logger, redactor, client TLS. A nil runner
@@ -258,14 +264,49 @@ func (r *runner) prepare(root string) (opts stages.Options, failure string) {
 		TaskID: cfg.TaskID, BaseBranch: cfg.BaseBranch,
 	})
 	agentEnv := stages.AgentEnv(environ, home, extraPath, asRoot && user == nil)
+	openAIKey := os.Getenv("OPENAI_API_KEY")
+	if cfg.ModelProxyAddr != "" {
+		fwd, err := r.startModelForwarder()
+		if err != nil {
+			return opts, "model proxy forwarder: " + err.Error()
+		}
+		agentEnv = fwd.AgentEnv(agentEnv)
+		cfg.CodexBaseURL, openAIKey = fwd.OpenAIBaseURL(), modelproxy.DummyKey
+		// The control plane meters usage and enforces the budget outside the sandbox; the
+		// CLIs' own budget checks (priced differently) would only stop the task early.
+		cfg.MaxBudgetUSD = 0
+	}
+	ag := newAgent(cfg, agentBin, repo, home, agentEnv, user, openAIKey)
+	if r.fwd != nil {
+		ag = modelproxy.Guard(ag, r.fwd)
+	}
 	return stages.Options{
 		Task: stages.Task{
 			ID: cfg.TaskID, Repo: cfg.Repo, BaseBranch: cfg.BaseBranch, Prompt: cfg.Prompt,
 			TraceParent: cfg.TraceParent, Deadline: cfg.DeadlineTime(), MaxBudgetUSD: cfg.MaxBudgetUSD,
 		},
-		Reporter: r.events, Tokens: tokens, Agent: newAgent(cfg, agentBin, repo, home, agentEnv, user, os.Getenv("OPENAI_API_KEY")),
+		Reporter: r.events, Tokens: tokens, Agent: ag, MeteredOutside: r.fwd != nil,
 		Workspace: ws, OpenSpecBin: openspecBin, OpenSpecTool: cfg.Agent, Redactor: r.red, Logger: r.log,
 	}, ""
+}
+
+// startModelForwarder starts the loopback forwarder to the control plane's model proxy, with
+// the task certificate (the server name as for the other control-plane calls, else the proxy's
+// host).
+func (r *runner) startModelForwarder() (*modelproxy.Forwarder, error) {
+	tlsCfg := r.tls.Clone()
+	if r.cfg.ServerName == "" {
+		if host, _, err := net.SplitHostPort(r.cfg.ModelProxyAddr); err == nil {
+			tlsCfg.ServerName = host
+		}
+	}
+	fwd, err := modelproxy.Start(r.cfg.ModelProxyAddr, tlsCfg, r.log)
+	if err != nil {
+		return nil, err
+	}
+	r.fwd = fwd
+	r.log.Info("model calls go through the control plane's model proxy", "proxy", r.cfg.ModelProxyAddr, "forwarder", fwd.URL())
+	return fwd, nil
 }
 
 // tokenSource dials GitHubTokenService (grpc-go's reconnects bounded like the retries) and
