@@ -130,6 +130,9 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 	if err := a.publicPort(cfg, logger, tokens, services); err != nil {
 		return nil, err
 	}
+	if err := a.modelProxy(cfg, reloader, tasks, logger); err != nil {
+		return nil, err
+	}
 	if reloader != nil && cfg.RunnerGRPCAddr != "" {
 		a.runnerPort(logger, reloader, services)
 		a.background = append(a.background, func(ctx context.Context) {
