@@ -171,11 +171,19 @@ func EncodeBody(e *taskrunnerv1.Event) ([]byte, error) {
 // EncodeEvent gives for the event at that seq (protojson writes an int64
 // as a JSON string; the key order does not matter to any reader, and
 // PostgreSQL's jsonb normalises it).
-func WithSeq(seq int64, body []byte) []byte {
-	out := make([]byte, 0, len(body)+24)
+func WithSeq(seq int64, body []byte) []byte { return WithSeqRun(seq, 0, body) }
+
+// WithSeqRun is WithSeq that also sets "run" (the task's run the event
+// belongs to) when run > 1, as EncodeEvent would with Event.run set.
+func WithSeqRun(seq int64, run int32, body []byte) []byte {
+	out := make([]byte, 0, len(body)+36)
 	out = append(out, `{"seq":"`...)
 	out = strconv.AppendInt(out, seq, 10)
 	out = append(out, '"')
+	if run > 1 {
+		out = append(out, `,"run":`...)
+		out = strconv.AppendInt(out, int64(run), 10)
+	}
 	rest := bytes.TrimSpace(body)
 	if len(rest) >= 2 && rest[0] == '{' {
 		rest = bytes.TrimSpace(rest[1:])

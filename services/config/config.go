@@ -62,6 +62,9 @@ type Daemon struct {
 	// to send a heartbeat this often (Welcome), and Dispatch's reaper fails
 	// a running task after 3 intervals without anything from its runner.
 	HeartbeatInterval time.Duration `env:"TASKRUNNER_HEARTBEAT_INTERVAL" envDefault:"10s"`
+	// MaxRuns is the most runs a task may have: the first and its
+	// follow-ups.
+	MaxRuns int `env:"TASKRUNNER_MAX_RUNS" envDefault:"5"`
 
 	// SandboxProvider selects where Dispatch runs tasks.
 	SandboxProvider  string `env:"TASKRUNNER_SANDBOX_PROVIDER" envDefault:"process"`
@@ -138,6 +141,9 @@ func (d Daemon) Validate() error {
 	}
 	if d.HeartbeatInterval < time.Second || d.HeartbeatInterval%time.Second != 0 {
 		return fmt.Errorf("TASKRUNNER_HEARTBEAT_INTERVAL: want whole seconds, at least 1s (runners are told it in seconds), got %s", d.HeartbeatInterval)
+	}
+	if d.MaxRuns < 1 || d.MaxRuns > 100 {
+		return fmt.Errorf("TASKRUNNER_MAX_RUNS: want 1 to 100, got %d", d.MaxRuns)
 	}
 	if d.EventsCommitters < 1 || d.EventsCommitters > 64 {
 		return fmt.Errorf("TASKRUNNER_EVENTS_COMMITTERS: want 1 to 64, got %d", d.EventsCommitters)

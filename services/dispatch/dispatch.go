@@ -148,9 +148,10 @@ func (s *Server) ReaperInterval() time.Duration { return s.cfg.ReaperInterval }
 // and safer than per-repository locking.
 const admissionLock = `SELECT pg_advisory_xact_lock(72610001)`
 
-const insertSandbox = `INSERT INTO sandboxes (task_id, provider, state) VALUES ($1, $2, 'creating')`
+// insertSandbox records the sandbox of the task's current run.
+const insertSandbox = `INSERT INTO sandboxes (task_id, run, provider, state) SELECT $1, run, $2, 'creating' FROM tasks WHERE id = $1`
 
-// admitted is a task that must be started after commit.
+// admitted is a task whose current run must be started after commit.
 type admitted struct {
 	id       string
 	deadline time.Time
@@ -293,6 +294,11 @@ func (s *Server) start(ctx context.Context, a admitted) {
 		return
 	}
 	var sb sandbox.Sandbox
+	if err == nil && t.Run > 1 {
+		// A follow-up reuses the task's sandbox name: the last run's
+		// sandbox must be gone first.
+		s.destroyRuns(ctx, a.id, fmt.Sprintf("run %d starts", t.Run), t.Run)
+	}
 	if err == nil {
 		sb, err = backoff.Retry(ctx, func() (sandbox.Sandbox, error) {
 			sb, err := s.create(ctx, t, a.deadline)
@@ -308,7 +314,7 @@ func (s *Server) start(ctx context.Context, a admitted) {
 		if state == "" {
 			state = "running"
 		}
-		if _, err := s.d.Pool.Exec(ctx, `UPDATE sandboxes SET external_id = $2, state = $3 WHERE task_id = $1`, a.id, sb.ID, state); err != nil {
+		if _, err := s.d.Pool.Exec(ctx, `UPDATE sandboxes SET external_id = $2, state = $3 WHERE task_id = $1 AND run = $4`, a.id, sb.ID, state, max(t.Run, 1)); err != nil {
 			// The sandbox runs; Destroy falls back to the name derived from the task id.
 			s.log.ErrorContext(ctx, "record sandbox id", "task_id", a.id, "sandbox_id", sb.ID, "error", err)
 		}
@@ -319,7 +325,7 @@ func (s *Server) start(ctx context.Context, a admitted) {
 	span.RecordError(err)
 	span.SetStatus(codes.Error, err.Error())
 	s.log.ErrorContext(ctx, "sandbox create failed", "task_id", a.id, "provider", s.d.Provider.Name(), "error", err)
-	_, _ = s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'failed', destroyed_at = now() WHERE task_id = $1`, a.id)
+	_, _ = s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'failed', destroyed_at = now() WHERE task_id = $1 AND state = 'creating'`, a.id)
 	reason := "sandbox: " + err.Error()
 	s.sandboxEvent(ctx, a.id, "failed", "", reason)
 	if _, _, aerr := s.tasks.Advance(ctx, a.id, "", task.Advance{RequestID: "dispatch:start-failed",
@@ -389,6 +395,13 @@ func (s *Server) RunnerEnv(ctx context.Context, t task.Task, deadline time.Time,
 		// holds the keys (services/modelproxy); the task certificate is the
 		// runner's credential there, worth a call only while the task runs.
 		env["TASKRUNNER_MODEL_PROXY_ADDR"] = s.cfg.RunnerModelProxyAddr
+	}
+	if t.Run > 1 {
+		// A follow-up: the same branch and pull request, a new request.
+		env["TASKRUNNER_RUN"] = strconv.Itoa(int(t.Run))
+		env["TASKRUNNER_FOLLOWUP_PROMPT"] = s.tasks.RunPrompt(ctx, t.ID, t.Run)
+		env["TASKRUNNER_PR_URL"] = t.PRURL
+		env["TASKRUNNER_PR_NUMBER"] = strconv.FormatInt(t.PRNumber, 10)
 	}
 	for _, k := range s.cfg.PassEnv {
 		k = strings.TrimSpace(k)
@@ -473,6 +486,7 @@ func (s *Server) Listen(ctx context.Context, interval time.Duration) {
 	defer t.Stop()
 	for {
 		s.releaseFinished(ctx)
+		s.startPendingRuns(ctx)
 		s.drainQueue(ctx)
 		select {
 		case <-ctx.Done():
@@ -564,30 +578,44 @@ func (s *Server) waitTerminal(ctx context.Context, taskID string, grace time.Dur
 	}
 }
 
-// destroy removes the task's sandbox (idempotent), records it in the
-// sandboxes table and on the task's timeline.
-func (s *Server) destroy(ctx context.Context, taskID, why string) {
-	var ext string
-	err := s.d.Pool.QueryRow(ctx, `SELECT external_id FROM sandboxes WHERE task_id = $1 AND destroyed_at IS NULL`, taskID).Scan(&ext)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return
-	}
+// destroy removes the task's live sandboxes (idempotent; one per run at
+// most), records it in the sandboxes table and on the task's timeline.
+func (s *Server) destroy(ctx context.Context, taskID, why string) { s.destroyRuns(ctx, taskID, why, 0) }
+
+// destroyRuns is destroy of the sandboxes of runs before run (0: all).
+func (s *Server) destroyRuns(ctx context.Context, taskID, why string, before int32) {
+	rows, err := s.d.Pool.Query(ctx, `SELECT run, external_id FROM sandboxes WHERE task_id = $1 AND destroyed_at IS NULL AND ($2 = 0 OR run < $2) ORDER BY run`, taskID, before)
 	if err != nil {
 		s.log.ErrorContext(ctx, "read sandbox", "task_id", taskID, "error", err)
 		return
 	}
-	if ext == "" {
-		ext = sandbox.Name(taskID)
+	type live struct {
+		run int32
+		ext string
 	}
-	if err := s.d.Provider.Destroy(ctx, ext); err != nil {
-		s.log.ErrorContext(ctx, "destroy sandbox", "task_id", taskID, "sandbox_id", ext, "error", err)
+	sbs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (live, error) {
+		var l live
+		return l, r.Scan(&l.run, &l.ext)
+	})
+	if err != nil {
+		s.log.ErrorContext(ctx, "read sandbox", "task_id", taskID, "error", err)
 		return
 	}
-	tag, _ := s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'destroyed', destroyed_at = now() WHERE task_id = $1 AND destroyed_at IS NULL`, taskID)
-	if tag.RowsAffected() == 1 {
-		s.sandboxEvent(ctx, taskID, "destroyed", ext, why)
+	for _, sb := range sbs {
+		ext := sb.ext
+		if ext == "" {
+			ext = sandbox.Name(taskID)
+		}
+		if err := s.d.Provider.Destroy(ctx, ext); err != nil {
+			s.log.ErrorContext(ctx, "destroy sandbox", "task_id", taskID, "sandbox_id", ext, "error", err)
+			continue
+		}
+		tag, _ := s.d.Pool.Exec(ctx, `UPDATE sandboxes SET state = 'destroyed', destroyed_at = now() WHERE task_id = $1 AND run = $2 AND destroyed_at IS NULL`, taskID, sb.run)
+		if tag.RowsAffected() == 1 {
+			s.sandboxEvent(ctx, taskID, "destroyed", ext, why)
+		}
+		s.log.InfoContext(ctx, "sandbox destroyed", "task_id", taskID, "sandbox_id", ext, "run", sb.run, "reason", why)
 	}
-	s.log.InfoContext(ctx, "sandbox destroyed", "task_id", taskID, "sandbox_id", ext, "reason", why)
 }
 
 // releaseFinished destroys the sandboxes of tasks that no longer run: a
@@ -595,7 +623,7 @@ func (s *Server) destroy(ctx context.Context, taskID, why string) {
 // nothing left to do, whatever the provider, so its sandbox and per-task
 // files go now, not when the pull request closes.
 func (s *Server) releaseFinished(ctx context.Context) {
-	rows, err := s.d.Pool.Query(ctx, `SELECT task_id::text FROM sandboxes WHERE destroyed_at IS NULL AND state <> 'creating'`)
+	rows, err := s.d.Pool.Query(ctx, `SELECT DISTINCT task_id::text FROM sandboxes WHERE destroyed_at IS NULL AND state <> 'creating'`)
 	if err != nil {
 		s.log.ErrorContext(ctx, "list live sandboxes", "error", err)
 		return
@@ -690,4 +718,105 @@ WHERE ($1 = '' OR task_id::text = $1) AND ($2 OR destroyed_at IS NULL) ORDER BY 
 		}
 		return &sb, nil
 	})
+}
+
+// StartFollowUp implements task.Dispatcher: when the task has no active run,
+// its oldest pending follow-up starts (running, or queued when capacity is
+// short), counted against the owner's daily quota like a dispatch.
+func (s *Server) StartFollowUp(ctx context.Context, taskID string) (task.Task, error) {
+	ctx, span := s.taskSpan(ctx, taskID, "dispatch")
+	span.SetAttributes(attribute.Bool("taskrunner.follow_up", true))
+	defer span.End()
+	var start *admitted
+	err := s.tasks.InTx(ctx, func(tx *task.Tx) error {
+		start = nil
+		if _, err := tx.Exec(ctx, admissionLock); err != nil {
+			return err
+		}
+		cur, err := tx.Lock(ctx, taskID)
+		if err != nil {
+			return err
+		}
+		if cur.Status != task.StatusAwaitingReview && cur.Status != task.StatusFailed {
+			return nil // a run is active (the follow-up waits) or the task is closed
+		}
+		p, ok, err := tx.NextPendingRun(ctx, cur)
+		if err != nil || !ok {
+			return err
+		}
+		n, oldest, err := tx.DispatchedInWindow(ctx, cur.Owner)
+		if err != nil {
+			return err
+		}
+		if n >= s.cfg.PerOwnerPerDay {
+			retry := int64(3600)
+			if oldest != nil {
+				retry = max(int64(math.Ceil(time.Until(oldest.Add(24*time.Hour)).Seconds())), 1)
+			}
+			return errs.Quota(retry, "owner %q reached %d runs in 24 hours; retry in %d s", cur.Owner, s.cfg.PerOwnerPerDay, retry)
+		}
+		repoRunning, global, err := tx.RunningCounts(ctx, cur.Repo)
+		if err != nil {
+			return err
+		}
+		to := task.StatusRunning
+		if repoRunning >= s.cfg.PerRepoRunning || global >= s.cfg.GlobalRunning {
+			to = task.StatusQueued
+		}
+		if _, err := tx.StartRun(ctx, cur, p, to); err != nil {
+			return err
+		}
+		if to == task.StatusQueued {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, insertSandbox, taskID, s.d.Provider.Name()); err != nil {
+			return err
+		}
+		deadline, err := tx.MarkStarted(ctx, taskID, s.cfg.TaskTimeout)
+		if err != nil {
+			return err
+		}
+		start = &admitted{id: taskID, deadline: deadline}
+		return nil
+	})
+	if err != nil {
+		span.RecordError(err)
+		return task.Task{}, err
+	}
+	if start != nil {
+		s.launch(ctx, *start)
+	}
+	return s.tasks.Get(ctx, taskID, "")
+}
+
+// startPendingRuns starts the follow-ups that wait behind runs which have
+// ended since.
+func (s *Server) startPendingRuns(ctx context.Context) {
+	ids, err := s.tasks.TasksWithPendingRuns(ctx, 100)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.ErrorContext(ctx, "list pending follow-ups", "error", err)
+		}
+		return
+	}
+	for _, id := range ids {
+		if _, err := s.StartFollowUp(ctx, id); err != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "follow-up not started yet", "task_id", id, "error", err)
+		}
+	}
+}
+
+// StartNextRun implements DispatchService.StartNextRun (internal scope).
+func (s *Server) StartNextRun(ctx context.Context, req *taskrunnerv1.StartNextRunRequest) (*taskrunnerv1.StartNextRunResponse, error) {
+	if _, err := auth.RequireScope(ctx, auth.ScopeInternal); err != nil {
+		return nil, err
+	}
+	if err := task.ValidateID("task_id", req.GetTaskId()); err != nil {
+		return nil, err
+	}
+	t, err := s.StartFollowUp(ctx, req.GetTaskId())
+	if err != nil {
+		return nil, err
+	}
+	return &taskrunnerv1.StartNextRunResponse{Task: task.ToProto(t)}, nil
 }

@@ -548,3 +548,108 @@ func TestCreateRefusedByQuotaStoresNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING, resp.GetTask().GetStatus())
 }
+
+// followUpEnv is a task awaiting review after its first run, with a
+// TaskService on the real Dispatch.
+func followUpEnv(t *testing.T, cfg Config) (*harness, *Server, *task.Server, context.Context, string) {
+	h := newHarness(t)
+	s := h.server(t, cfg, "sb")
+	tasks := task.New(h.tasks, s, slog.New(slog.DiscardHandler))
+	ctx := auth.WithPrincipal(context.Background(), auth.Principal{Owner: "alice", Scopes: []string{auth.ScopeTasks}})
+	id := h.create(t, "alice", "acme/widgets")
+	_, err := s.DispatchTask(ctx, id)
+	require.NoError(t, err)
+	s.Wait()
+	h.finishRun(t, s, id, 1)
+	return h, s, tasks, ctx, id
+}
+
+// finishRun plays the runner of run n reporting its pull request.
+func (h *harness) finishRun(t *testing.T, s *Server, id string, n int64) {
+	t.Helper()
+	_, _, err := h.tasks.Advance(context.Background(), id, "", task.Advance{Seq: 1, Status: task.StatusAwaitingReview,
+		PRURL: "http://forge/acme/widgets/pull/3", PRNumber: 3, Actor: task.ActorRunner})
+	require.NoError(t, err)
+	s.releaseFinished(context.Background())
+}
+
+func TestFollowUpStartsANewRunOnTheSamePullRequest(t *testing.T) {
+	h, s, tasks, ctx, id := followUpEnv(t, testConfig())
+	resp, err := tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: id, Prompt: "Rename the flag to --bye", RequestId: "f1"})
+	require.NoError(t, err)
+	require.True(t, resp.GetCreated())
+	require.Equal(t, int32(2), resp.GetRun().GetNumber())
+	require.Equal(t, taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING, resp.GetTask().GetStatus())
+	require.Equal(t, int32(2), resp.GetTask().GetRun())
+	s.Wait()
+	// The new sandbox is told which run it is, the follow-up and the PR.
+	var env []byte
+	require.Eventually(t, func() bool {
+		env, _ = os.ReadFile(filepath.Join(h.dir, "sb", sandbox.Name(id), "env.txt"))
+		return strings.Contains(string(env), "TASKRUNNER_RUN=2")
+	}, 20*time.Second, 50*time.Millisecond)
+	for _, want := range []string{"TASKRUNNER_RUN=2", "TASKRUNNER_FOLLOWUP_PROMPT=Rename the flag to --bye", "TASKRUNNER_PR_NUMBER=3", "TASKRUNNER_PR_URL=http://forge/acme/widgets/pull/3"} {
+		require.Contains(t, string(env), want)
+	}
+	// The same request again starts nothing.
+	again, err := tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: id, Prompt: "Rename the flag to --bye", RequestId: "f1"})
+	require.NoError(t, err)
+	require.False(t, again.GetCreated())
+	require.Equal(t, int32(2), again.GetRun().GetNumber())
+	require.Eventually(t, func() bool { return h.startCount(t)[id] == 2 }, 20*time.Second, 50*time.Millisecond, "two runs, two sandboxes")
+	tl := h.timeline(t, id)
+	require.Contains(t, tl, "status_change:running")
+	require.Equal(t, "sandbox:started", tl[len(tl)-1])
+
+	// A follow-up while run 2 is active waits behind it…
+	queued, err := tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: id, Prompt: "And document it", RequestId: "f2"})
+	require.NoError(t, err)
+	require.Equal(t, "pending", queued.GetRun().GetState())
+	require.Equal(t, int32(2), queued.GetTask().GetRun())
+	// …and starts when run 2 ends.
+	h.finishRun(t, s, id, 2)
+	s.startPendingRuns(context.Background())
+	s.Wait()
+	got, err := tasks.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: id})
+	require.NoError(t, err)
+	require.Equal(t, int32(3), got.GetTask().GetRun())
+	require.Equal(t, taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING, got.GetTask().GetStatus())
+	require.Len(t, got.GetTask().GetRuns(), 3)
+	require.Equal(t, []string{"finished", "finished", "running"}, []string{got.GetTask().GetRuns()[0].GetState(), got.GetTask().GetRuns()[1].GetState(), got.GetTask().GetRuns()[2].GetState()})
+}
+
+func TestFollowUpLimitsAndRefusals(t *testing.T) {
+	cfg := testConfig()
+	h, s, tasks, ctx, id := followUpEnv(t, cfg)
+	// Refused where there is nothing to revise.
+	fresh := h.create(t, "alice", "acme/other")
+	_, err := tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: fresh, Prompt: "x"})
+	require.ErrorIs(t, err, errs.ErrInvalidTransition)
+	_, err = tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: id, Prompt: "  "})
+	require.ErrorIs(t, err, errs.ErrInvalidArgument)
+
+	// The run limit counts every run.
+	tasks.SetMaxRuns(3)
+	for i := 2; i <= 3; i++ {
+		_, err := tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: id, Prompt: fmt.Sprintf("change %d", i)})
+		require.NoError(t, err)
+		s.Wait()
+		h.finishRun(t, s, id, int64(i))
+	}
+	_, err = tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: id, Prompt: "one more"})
+	require.ErrorIs(t, err, errs.ErrInvalidTransition)
+	require.ErrorContains(t, err, "3 runs")
+
+	// Follow-ups count against the owner's daily quota: refused, nothing kept.
+	s.cfg.PerOwnerPerDay = 4 // alice has started 3 runs so far
+	tasks.SetMaxRuns(10)
+	_, err = tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: id, Prompt: "over quota", RequestId: "q"})
+	require.NoError(t, err, "3 runs started so far: the 4th fits")
+	s.Wait()
+	h.finishRun(t, s, id, 4)
+	_, err = tasks.FollowUpTask(ctx, &taskrunnerv1.FollowUpTaskRequest{Id: id, Prompt: "over quota", RequestId: "q2"})
+	require.ErrorIs(t, err, errs.ErrQuotaExceeded)
+	got, err := tasks.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: id})
+	require.NoError(t, err)
+	require.Len(t, got.GetTask().GetRuns(), 4, "a refused follow-up is not kept")
+}

@@ -30,6 +30,11 @@ type submission struct {
 	typ    string
 	body   []byte // eventwire.EncodeBody: the JSON without seq
 	sink   *sink
+	// late is true for an event the runner sent before its terminal one
+	// (none is stored, Connect checked, and none went before it on the
+	// stream): if the control plane failed the task meanwhile, it is a
+	// late runner's (task.AcceptsLateRunner), still taken.
+	late bool
 }
 
 // sink collects a stream's results without ever blocking the committer: the
@@ -404,7 +409,7 @@ func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) de
 			case seq != sq.Runner+1:
 				d.outs[s] = outcome{err: errs.Transition("event seq %d of task %s does not follow the last persisted seq %d: events must be sent in order, without gaps", seq, id, sq.Runner)}
 				continue
-			case ended || !acceptsEvents(t.Status):
+			case ended || !acceptsEvents(t.Status) && !(s.late && task.AcceptsLateRunner(t)):
 				d.outs[s] = outcome{err: errs.Transition("task %s is %s: no event is accepted after its terminal event (got seq %d)", id, terminalStatus(t.Status, ended), seq)}
 				continue
 			}
@@ -414,7 +419,19 @@ func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) de
 				continue
 			}
 			from := t.Status
-			if has {
+			switch {
+			case !acceptsEvents(t.Status):
+				// A late runner (task.AcceptsLateRunner): the control
+				// plane failed the task while the runner worked on. Its
+				// events join the timeline after the final status change,
+				// and the pull request it salvaged is recorded; the status
+				// stays as decided.
+				if a.PRURL != "" {
+					if n, err := task.RecordPR(t, a.PRURL, a.PRNumber, seq); err == nil {
+						t, changed = n, true
+					}
+				}
+			case has:
 				// A refused transition refuses its event; the task's later
 				// events in this batch then have a gap and are refused too.
 				n, applied, err := task.Step(t, a)
@@ -430,7 +447,7 @@ func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) de
 			sq.Stored++
 			ended = eventwire.RunnerTerminal(s.ev)
 			d.outs[s] = outcome{ok: true}
-			d.add(id, sq.Stored, seq, s.typ, false, eventwire.WithSeq(sq.Stored, s.body))
+			d.add(id, t.Run, sq.Stored, seq, s.typ, false, eventwire.WithSeqRun(sq.Stored, t.Run, s.body))
 			if t.Status != from {
 				why := a.FailedReason
 				if t.Status == task.StatusAwaitingReview {
@@ -438,12 +455,13 @@ func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) de
 				}
 				sc := task.StatusChangeEvent(from, t.Status, why, task.ActorRunner, 0)
 				sc.Seq = sq.Stored + 1
+				sc.GetStatusChange().Run = max(t.Run, 1)
 				body, err := eventwire.EncodeEvent(sc)
 				if err != nil {
 					continue // cannot happen: a well-formed message
 				}
 				sq.Stored++
-				d.add(id, sq.Stored, 0, eventwire.TypeStatusChange, eventwire.Final(sc), body)
+				d.add(id, t.Run, sq.Stored, 0, eventwire.TypeStatusChange, eventwire.Final(sc), body)
 			}
 		}
 		if !exists {
@@ -457,8 +475,8 @@ func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) de
 	return d
 }
 
-func (d *decision) add(id string, seq, runnerSeq int64, typ string, final bool, payload []byte) {
-	d.rows = append(d.rows, task.Row{TaskID: id, Seq: seq, RunnerSeq: runnerSeq, Type: typ, Payload: payload})
+func (d *decision) add(id string, run int32, seq, runnerSeq int64, typ string, final bool, payload []byte) {
+	d.rows = append(d.rows, task.Row{TaskID: id, Seq: seq, RunnerSeq: runnerSeq, Run: run, Type: typ, Payload: payload})
 	d.pubs = append(d.pubs, task.Appended{TaskID: id, Seq: seq, Type: typ, Final: final, Payload: payload})
 }
 

@@ -234,6 +234,7 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 			return
 		}
 		in := s.committerFor(taskID).in
+		ended := false // the runner sent its terminal event on this stream
 		for {
 			m, err := stream.Recv()
 			if err != nil {
@@ -245,6 +246,9 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 				recvErr <- err
 				return
 			}
+			// Until its terminal event the runner is still working: the
+			// Hello checked that none is stored, this tracks the stream.
+			sub.late, ended = !ended, ended || sub.ev != nil && eventwire.RunnerTerminal(sub.ev)
 			select {
 			case in <- sub:
 			case <-done:
@@ -297,7 +301,20 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 		return storeUnavailable(err)
 	}
 	if tk.Status.Terminal() {
-		return finished(taskID, string(tk.Status), last)
+		// A late runner of a task the control plane failed may still
+		// deliver its events and the pull request it salvaged
+		// (task.AcceptsLateRunner), unless it already sent its own
+		// terminal event.
+		ended, err := s.store.RunnerEnded(ctx, taskID)
+		if err != nil {
+			return storeUnavailable(err)
+		}
+		if ended || !task.AcceptsLateRunner(tk) {
+			return finished(taskID, string(tk.Status), last)
+		}
+	}
+	if run := max(hello.GetRun(), 1); run != max(tk.Run, 1) {
+		return status.Errorf(codes.FailedPrecondition, "task %s is on run %d: the runner of run %d is done", taskID, tk.Run, run)
 	}
 
 	conn := s.register(taskID)

@@ -17,13 +17,16 @@ import (
 
 const (
 	lockForAdmission = `SELECT owner, repo, status FROM tasks WHERE id = $1 FOR UPDATE`
-	ownerWindow      = `SELECT count(*), min(dispatched_at) FROM tasks WHERE owner = $1 AND dispatched_at > now() - interval '24 hours'`
-	runningCounts    = `SELECT count(*) FILTER (WHERE repo = $1), count(*) FROM tasks WHERE status = 'running'`
-	queuedForRepo    = `SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND repo = $1)`
-	markDispatched   = `UPDATE tasks SET dispatched_at = now() WHERE id = $1`
-	markStarted      = `UPDATE tasks SET started_at = now(), deadline_at = now() + $2 * interval '1 second' WHERE id = $1 RETURNING deadline_at`
-	queuedOldest     = `SELECT id::text, repo FROM tasks WHERE status = 'queued' ORDER BY queued_at, id LIMIT $1`
-	runningByRepo    = `SELECT repo, count(*) FROM tasks WHERE status = 'running' GROUP BY repo`
+	// Runs started (first runs and follow-ups) count against the owner's quota.
+	ownerWindow = `SELECT count(*), min(r.started_at) FROM task_runs r JOIN tasks t ON t.id = r.task_id
+WHERE t.owner = $1 AND r.started_at > now() - interval '24 hours'`
+	runningCounts  = `SELECT count(*) FILTER (WHERE repo = $1), count(*) FROM tasks WHERE status = 'running'`
+	queuedForRepo  = `SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND repo = $1)`
+	markDispatched = `WITH t AS (UPDATE tasks SET dispatched_at = coalesce(dispatched_at, now()) WHERE id = $1 RETURNING id, run)
+UPDATE task_runs r SET started_at = coalesce(r.started_at, now()), state = 'running' FROM t WHERE r.task_id = t.id AND r.number = t.run`
+	markStarted   = `UPDATE tasks SET started_at = now(), deadline_at = now() + $2 * interval '1 second' WHERE id = $1 RETURNING deadline_at`
+	queuedOldest  = `SELECT id::text, repo FROM tasks WHERE status = 'queued' ORDER BY queued_at, id LIMIT $1`
+	runningByRepo = `SELECT repo, count(*) FROM tasks WHERE status = 'running' GROUP BY repo`
 )
 
 // LockForAdmission locks a task for an admission decision and returns its
@@ -36,8 +39,8 @@ func (tx *Tx) LockForAdmission(ctx context.Context, id string) (owner, repo stri
 	return owner, repo, st, err
 }
 
-// DispatchedInWindow counts the owner's tasks dispatched in the last 24
-// hours and returns the oldest dispatch time among them.
+// DispatchedInWindow counts the owner's runs (first runs and follow-ups)
+// started in the last 24 hours and returns the oldest start among them.
 func (tx *Tx) DispatchedInWindow(ctx context.Context, owner string) (n int, oldest *time.Time, err error) {
 	err = tx.QueryRow(ctx, ownerWindow, owner).Scan(&n, &oldest)
 	return n, oldest, err
@@ -113,11 +116,12 @@ const (
 AND greatest(coalesce(t.heartbeat_at, t.started_at, t.updated_at),
 	(SELECT e.created_at FROM task_events e WHERE e.task_id = t.id AND e.runner_seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1))
 	< now() - $1 * interval '1 second'`
-	queueDepth     = `SELECT count(*) FROM tasks WHERE status = 'queued'`
-	countByStatus  = `SELECT status, count(*) FROM tasks GROUP BY status`
-	traceparentOf  = `SELECT traceparent FROM tasks WHERE id = $1`
-	statusesOf     = `SELECT id::text, status FROM tasks WHERE id = ANY($1::uuid[])`
-	lastRunnerSeq  = `SELECT coalesce((SELECT e.runner_seq FROM task_events e WHERE e.task_id = $1 AND e.runner_seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1), 0)`
+	queueDepth    = `SELECT count(*) FROM tasks WHERE status = 'queued'`
+	countByStatus = `SELECT status, count(*) FROM tasks GROUP BY status`
+	traceparentOf = `SELECT traceparent FROM tasks WHERE id = $1`
+	statusesOf    = `SELECT id::text, status FROM tasks WHERE id = ANY($1::uuid[])`
+	lastRunnerSeq = `SELECT coalesce((SELECT e.runner_seq FROM task_events e JOIN tasks t ON t.id = e.task_id
+	WHERE e.task_id = $1 AND e.run = t.run AND e.runner_seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1), 0)`
 	deleteUnstared = `DELETE FROM tasks WHERE id = $1 AND status = 'proposing' AND dispatched_at IS NULL`
 )
 
@@ -194,8 +198,9 @@ func (s *Store) Statuses(ctx context.Context, ids []string) (map[string]Status, 
 	return out, rows.Err()
 }
 
-// LastRunnerSeq is the runner seq of the last event the task's runner sent
-// and the server stored (0: none): Welcome.last_persisted_seq.
+// LastRunnerSeq is the runner seq of the last event the runner of the
+// task's current run sent and the server stored (0: none):
+// Welcome.last_persisted_seq.
 func (s *Store) LastRunnerSeq(ctx context.Context, id string) (int64, error) {
 	var n int64
 	err := s.pool.QueryRow(ctx, lastRunnerSeq, id).Scan(&n)

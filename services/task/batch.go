@@ -48,7 +48,8 @@ func QueueLock(b *pgx.Batch, ids []string, into map[string]Task) {
 }
 
 // Seqs is where a task's timeline stands: the seq of its last event, and
-// the runner seq of the last event its runner sent (0: none yet).
+// the runner seq of the last event the runner of its current run sent (0:
+// none yet; runner seqs start again at 1 in every run).
 type Seqs struct {
 	Stored, Runner int64
 }
@@ -58,8 +59,8 @@ type Seqs struct {
 // before), one index probe per task backwards along the primary key.
 const lastSeqs = `SELECT t.id::text,
 	coalesce((SELECT e.seq FROM task_events e WHERE e.task_id = t.id ORDER BY e.seq DESC LIMIT 1), 0),
-	coalesce((SELECT e.runner_seq FROM task_events e WHERE e.task_id = t.id AND e.runner_seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1), 0)
-FROM unnest($1::uuid[]) AS t(id)`
+	coalesce((SELECT e.runner_seq FROM task_events e WHERE e.task_id = t.id AND e.run = k.run AND e.runner_seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1), 0)
+FROM unnest($1::uuid[]) AS t(id) JOIN tasks k ON k.id = t.id`
 
 // QueueLastSeqs queues the read of every task's Seqs into into.
 func QueueLastSeqs(b *pgx.Batch, ids []string, into map[string]Seqs) {
@@ -102,12 +103,13 @@ type Row struct {
 	TaskID    string
 	Seq       int64
 	RunnerSeq int64
+	Run       int32
 	Type      string
 	Payload   []byte
 }
 
-const insertEvents = `INSERT INTO task_events (task_id, seq, runner_seq, type, payload)
-SELECT t::uuid, s, nullif(r, 0), ty, p::jsonb FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[]) AS u(t, s, r, ty, p)`
+const insertEvents = `INSERT INTO task_events (task_id, seq, runner_seq, run, type, payload)
+SELECT t::uuid, s, nullif(r, 0), greatest(n, 1), ty, p::jsonb FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::int[], $5::text[], $6::text[]) AS u(t, s, r, n, ty, p)`
 
 // QueueAppend queues the insert of rows, each at the seq the writer chose
 // under the task's lock (a conflict aborts the transaction: the writer's
@@ -116,11 +118,11 @@ func QueueAppend(b *pgx.Batch, rows []Row) {
 	if len(rows) == 0 {
 		return
 	}
-	ids, seqs, rseqs, types, payloads := make([]string, len(rows)), make([]int64, len(rows)), make([]int64, len(rows)), make([]string, len(rows)), make([]string, len(rows))
+	ids, seqs, rseqs, runs, types, payloads := make([]string, len(rows)), make([]int64, len(rows)), make([]int64, len(rows)), make([]int32, len(rows)), make([]string, len(rows)), make([]string, len(rows))
 	for i, r := range rows {
-		ids[i], seqs[i], rseqs[i], types[i], payloads[i] = r.TaskID, r.Seq, r.RunnerSeq, r.Type, string(r.Payload)
+		ids[i], seqs[i], rseqs[i], runs[i], types[i], payloads[i] = r.TaskID, r.Seq, r.RunnerSeq, r.Run, r.Type, string(r.Payload)
 	}
-	b.Queue(insertEvents, ids, seqs, rseqs, types, payloads)
+	b.Queue(insertEvents, ids, seqs, rseqs, runs, types, payloads)
 }
 
 const touchHeartbeat = `UPDATE tasks SET heartbeat_at = now() WHERE id = ANY($1::uuid[]) AND status = 'running'`

@@ -141,3 +141,31 @@ func stageName(s Stage) string {
 	}
 	return string(s)
 }
+
+// AcceptsLateRunner reports whether a finished task still takes its
+// runner's events: a task the control plane failed (deadline, lost
+// heartbeat) while its runner was still working, with no pull request
+// recorded. The runner may have salvaged its work into a draft pull request
+// after the control plane decided (a deadline that passed while the control
+// plane was down); its events are stored on the timeline after the final
+// status change and the pull request is recorded (RecordPR), but the status
+// never changes again.
+func AcceptsLateRunner(t Task) bool {
+	return t.Status == StatusFailed && t.PRURL == ""
+}
+
+// RecordPR is the one change a finished task accepts: the pull request a
+// late runner reports (AcceptsLateRunner) on a failed task. seq is the
+// runner event's, as for Step. It is an InvalidTransition for any other
+// task and an InvalidArgument without a URL.
+func RecordPR(t Task, url string, number, seq int64) (Task, error) {
+	if url == "" {
+		return t, errs.Invalid("pr_url", "must not be empty")
+	}
+	if !AcceptsLateRunner(t) {
+		return t, errs.Transition("task %s is %s: a pull request is recorded late only on a failed task without one", t.ID, t.Status)
+	}
+	t.PRURL, t.PRNumber = url, number
+	t.LastSeq = max(t.LastSeq, seq)
+	return t, nil
+}

@@ -140,3 +140,37 @@ func TestValidate(t *testing.T) {
 	require.NoError(t, def.Validate())
 	require.Equal(t, "main", def.BaseBranch)
 }
+
+func TestRecordPROnlyOnAFailedTaskWithoutOne(t *testing.T) {
+	const url = "https://github.com/acme/widgets/pull/3"
+	for _, tc := range []struct {
+		name string
+		task Task
+		ok   bool
+	}{
+		{"failed without a pull request", Task{ID: "t", Status: StatusFailed, FailedReason: "timeout", LastSeq: 4}, true},
+		{"failed with one", Task{ID: "t", Status: StatusFailed, PRURL: "https://x/pull/1"}, false},
+		{"cancelled", Task{ID: "t", Status: StatusCancelled}, false},
+		{"done", Task{ID: "t", Status: StatusDone, PRURL: url}, false},
+		{"running", Task{ID: "t", Status: StatusRunning}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.ok, AcceptsLateRunner(tc.task))
+			n, err := RecordPR(tc.task, url, 3, 7)
+			if !tc.ok {
+				require.ErrorIs(t, err, errs.ErrInvalidTransition)
+				require.Equal(t, tc.task, n)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, url, n.PRURL)
+			require.EqualValues(t, 3, n.PRNumber)
+			require.EqualValues(t, 7, n.LastSeq)
+			require.Equal(t, StatusFailed, n.Status)
+			require.Equal(t, "timeout", n.FailedReason, "only the pull request changes")
+			require.False(t, AcceptsLateRunner(n))
+		})
+	}
+	_, err := RecordPR(Task{Status: StatusFailed}, "", 0, 1)
+	require.ErrorIs(t, err, errs.ErrInvalidArgument)
+}

@@ -93,11 +93,26 @@ type Task struct {
 	RetryOf                                         string
 	IdempotencyKey                                  string
 	QueuedAt                                        *time.Time
+	Run                                             int32 // current (or last) run
 	CreatedAt, UpdatedAt                            time.Time
 
 	// Only on reads for clients (Get, List): the seq of the newest event on
 	// the task's timeline, and its 1-based place in the queue while queued.
 	TimelineSeq, QueuePosition int64
+	// Only from Store.Get: every run, oldest first.
+	Runs []Run
+}
+
+// Run is one run of a task: the first, or a follow-up.
+type Run struct {
+	Number      int32
+	Trigger     string // create, api, review, comment
+	Prompt      string
+	State       string // pending, running, finished, failed
+	RequestedBy string
+	Diff        DiffStats
+	Usage       Usage
+	CreatedAt   time.Time
 }
 
 // HeadBranch is the branch the runner pushes for a task.

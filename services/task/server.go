@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 
@@ -28,6 +29,10 @@ type Dispatcher interface {
 	// CancelTask stops a running task's sandbox, or closes the pull request
 	// of a task awaiting review, and cancels the task.
 	CancelTask(ctx context.Context, taskID, reason string, actor Actor) (Task, error)
+	// StartFollowUp starts the task's oldest pending follow-up run when no
+	// run is active (admission, quota and capacity as for a dispatch); it
+	// does nothing otherwise.
+	StartFollowUp(ctx context.Context, taskID string) (Task, error)
 }
 
 // Server implements TaskService.
@@ -36,13 +41,22 @@ type Server struct {
 	store      *Store
 	dispatcher Dispatcher
 	log        *slog.Logger
+	maxRuns    int
 }
 
 var _ taskrunnerv1.TaskServiceServer = (*Server)(nil)
 
 // New returns the TaskService server. dispatcher may be nil.
 func New(store *Store, dispatcher Dispatcher, log *slog.Logger) *Server {
-	return &Server{store: store, dispatcher: dispatcher, log: log}
+	return &Server{store: store, dispatcher: dispatcher, log: log, maxRuns: DefaultMaxRuns}
+}
+
+// SetMaxRuns sets the most runs a task may have (the first included;
+// TASKRUNNER_MAX_RUNS, default DefaultMaxRuns).
+func (s *Server) SetMaxRuns(n int) {
+	if n > 0 {
+		s.maxRuns = n
+	}
 }
 
 // SetDispatcher wires the dispatcher once DispatchService exists (the two
@@ -124,7 +138,83 @@ func (s *Server) GetTask(ctx context.Context, req *taskrunnerv1.GetTaskRequest) 
 	if err != nil {
 		return nil, err
 	}
+	if err := s.store.Runs(ctx, &t); err != nil {
+		return nil, err
+	}
 	return &taskrunnerv1.GetTaskResponse{Task: ToProto(t)}, nil
+}
+
+// FollowUpTask implements TaskService: it records the follow-up as a
+// pending run and asks Dispatch to start it (now, or once the active run
+// ends). Internal callers (the webhook) may name the trigger and who asked.
+func (s *Server) FollowUpTask(ctx context.Context, req *taskrunnerv1.FollowUpTaskRequest) (*taskrunnerv1.FollowUpTaskResponse, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.owned(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	prompt := strings.TrimSpace(req.GetPrompt())
+	switch {
+	case prompt == "":
+		return nil, errs.Invalid("prompt", "is required: say what the follow-up should change")
+	case len(prompt) > MaxPromptBytes:
+		return nil, errs.Invalid("prompt", "is %d bytes, more than the limit of %d", len(prompt), MaxPromptBytes)
+	}
+	f := FollowUp{Prompt: prompt, RequestID: idempotencyKey(ctx, req.GetRequestId()), Trigger: "api", RequestedBy: string(UserActor(t.Owner))}
+	if len(f.RequestID) > MaxRequestIDBytes {
+		return nil, errs.Invalid("request_id", "is longer than %d bytes", MaxRequestIDBytes)
+	}
+	if p.Has(auth.ScopeInternal) {
+		switch req.GetTrigger() {
+		case "", "api":
+		case "review", "comment":
+			f.Trigger = req.GetTrigger()
+		default:
+			return nil, errs.Invalid("trigger", "want api, review or comment, got %q", truncate(req.GetTrigger(), 40))
+		}
+		if by := req.GetRequestedBy(); by != "" {
+			f.RequestedBy = by
+		}
+	}
+	if s.dispatcher == nil {
+		return nil, status.Error(codes.FailedPrecondition, "follow-up: no DispatchService is configured")
+	}
+	ctx, span := StartSpan(ctx, t, "task.followup")
+	defer span.End()
+	t, number, created, err := s.store.AddFollowUp(ctx, t.ID, "", f, s.maxRuns)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		s.log.InfoContext(ctx, "follow-up recorded", "task_id", t.ID, "run", number, "trigger", f.Trigger)
+		if _, err := s.dispatcher.StartFollowUp(ctx, t.ID); err != nil {
+			// The run stays pending (Dispatch retries when capacity frees)
+			// unless the refusal is the owner's: then nothing is kept.
+			if errors.Is(err, errs.ErrQuotaExceeded) {
+				if derr := s.store.DropPendingRun(context.WithoutCancel(ctx), t.ID, number); derr != nil {
+					s.log.ErrorContext(ctx, "could not drop a refused follow-up", "task_id", t.ID, "error", derr)
+				}
+			}
+			return nil, err
+		}
+	}
+	t, err = s.store.Get(ctx, t.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.Runs(ctx, &t); err != nil {
+		return nil, err
+	}
+	out := &taskrunnerv1.FollowUpTaskResponse{Task: ToProto(t), Created: created}
+	for _, r := range out.Task.GetRuns() {
+		if r.GetNumber() == number {
+			out.Run = r
+		}
+	}
+	return out, nil
 }
 
 // owned loads the caller's task; other owners' tasks are NotFound. Internal
@@ -378,7 +468,7 @@ func ToProto(t Task) *taskrunnerv1.Task {
 		Usage:     &taskrunnerv1.Usage{CostUsd: t.Usage.CostUSD, TokensIn: t.Usage.TokensIn, TokensOut: t.Usage.TokensOut},
 		PrUrl:     t.PRURL, PrNumber: t.PRNumber, FailedReason: t.FailedReason, LastSeq: t.LastSeq, TraceId: t.TraceID,
 		RetryOf:       t.RetryOf,
-		QueuePosition: t.QueuePosition, TimelineSeq: t.TimelineSeq,
+		QueuePosition: t.QueuePosition, TimelineSeq: t.TimelineSeq, Run: max(t.Run, 1),
 		CreateTime: timestamppb.New(t.CreatedAt),
 		UpdateTime: timestamppb.New(t.UpdatedAt),
 	}
@@ -387,6 +477,12 @@ func ToProto(t Task) *taskrunnerv1.Task {
 	}
 	if t.HeartbeatAt != nil {
 		out.HeartbeatTime = timestamppb.New(*t.HeartbeatAt)
+	}
+	for _, r := range t.Runs {
+		out.Runs = append(out.Runs, &taskrunnerv1.TaskRun{Number: r.Number, Trigger: r.Trigger, Prompt: r.Prompt, State: r.State,
+			RequestedBy: r.RequestedBy, CreateTime: timestamppb.New(r.CreatedAt),
+			DiffStats: &taskrunnerv1.DiffStats{Additions: r.Diff.Additions, Deletions: r.Diff.Deletions, FilesChanged: r.Diff.FilesChanged},
+			Usage:     &taskrunnerv1.Usage{CostUsd: r.Usage.CostUSD, TokensIn: r.Usage.TokensIn, TokensOut: r.Usage.TokensOut}})
 	}
 	return out
 }

@@ -32,7 +32,7 @@ func (s *Store) WithPublisher(p Publisher) *Store { return &Store{pool: s.pool, 
 const taskColumns = `id, owner, repo, base_branch, head_branch, prompt, agent, status, stage,
 	additions, deletions, files_changed, pr_url, pr_number, failed_reason, cost_usd, tokens_in, tokens_out,
 	deadline_at, last_seq, heartbeat_at, trace_id, traceparent, coalesce(retry_of::text, ''), coalesce(idempotency_key, ''),
-	queued_at, created_at, updated_at`
+	queued_at, run, created_at, updated_at`
 
 // viewColumns follow taskColumns where a task is shown to a client: the
 // seq of the newest event on its timeline and its place in the queue.
@@ -45,7 +45,7 @@ func scanTask(row pgx.Row) (Task, error) {
 	err := row.Scan(&t.ID, &t.Owner, &t.Repo, &t.BaseBranch, &t.HeadBranch, &t.Prompt, &t.Agent, &t.Status, &t.Stage,
 		&t.Diff.Additions, &t.Diff.Deletions, &t.Diff.FilesChanged, &t.PRURL, &t.PRNumber, &t.FailedReason,
 		&t.Usage.CostUSD, &t.Usage.TokensIn, &t.Usage.TokensOut,
-		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.QueuedAt, &t.CreatedAt, &t.UpdatedAt)
+		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.QueuedAt, &t.Run, &t.CreatedAt, &t.UpdatedAt)
 	return t, err
 }
 
@@ -55,7 +55,7 @@ func scanView(row pgx.Row) (Task, error) {
 	err := row.Scan(&t.ID, &t.Owner, &t.Repo, &t.BaseBranch, &t.HeadBranch, &t.Prompt, &t.Agent, &t.Status, &t.Stage,
 		&t.Diff.Additions, &t.Diff.Deletions, &t.Diff.FilesChanged, &t.PRURL, &t.PRNumber, &t.FailedReason,
 		&t.Usage.CostUSD, &t.Usage.TokensIn, &t.Usage.TokensOut,
-		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.QueuedAt, &t.CreatedAt, &t.UpdatedAt,
+		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.QueuedAt, &t.Run, &t.CreatedAt, &t.UpdatedAt,
 		&t.TimelineSeq, &t.QueuePosition)
 	return t, err
 }
@@ -64,6 +64,8 @@ const insertTask = `INSERT INTO tasks (id, owner, repo, base_branch, head_branch
 VALUES ($1, $2, $3, $4, $5, $6, $7, 'proposing', $8, $9, $10, $11)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING ` + taskColumns
+
+const insertFirstRun = `INSERT INTO task_runs (task_id, number, trigger, requested_by) VALUES ($1, 1, 'create', $2)`
 
 const selectByKey = `SELECT ` + taskColumns + `, ` + viewColumns + ` FROM tasks WHERE owner = $1 AND idempotency_key = $2`
 
@@ -84,6 +86,9 @@ func (s *Store) Create(ctx context.Context, n NewTask, traceparent string) (t Ta
 		t, err = scanTask(tx.QueryRow(ctx, insertTask, id, n.Owner, n.Repo, n.BaseBranch, HeadBranch(id), n.Prompt, n.Agent, retryOf, key,
 			traceIDOf(traceparent), traceparent))
 		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, insertFirstRun, t.ID, string(UserActor(n.Owner))); err != nil {
 			return err
 		}
 		reason := "created"

@@ -114,8 +114,8 @@ func (s *Store) InTx(ctx context.Context, fn func(*Tx) error) error {
 // there. The caller holds the task's row lock (every writer of a timeline
 // does: Tx.Advance, the Events committer), which is what makes max(seq)+1
 // safe.
-const appendEvent = `INSERT INTO task_events (task_id, seq, type, payload)
-SELECT $1::uuid, n, $2, jsonb_set($3::jsonb, '{seq}', to_jsonb(n::text))
+const appendEvent = `INSERT INTO task_events (task_id, seq, run, type, payload)
+SELECT $1::uuid, n, (SELECT run FROM tasks WHERE id = $1::uuid), $2, jsonb_set($3::jsonb, '{seq}', to_jsonb(n::text))
 FROM (SELECT coalesce(max(seq), 0) + 1 AS n FROM task_events WHERE task_id = $1::uuid) s
 RETURNING seq, payload::text`
 
@@ -180,7 +180,9 @@ func (tx *Tx) statusChanged(ctx context.Context, cur, out Task, a Advance) error
 			return err
 		}
 	}
-	if err := tx.appendStatusChange(ctx, out.ID, cur.Status, out.Status, reason, actor, pos); err != nil {
+	sc := StatusChangeEvent(cur.Status, out.Status, reason, actor, pos)
+	sc.GetStatusChange().Run = max(out.Run, 1)
+	if err := tx.Append(ctx, out.ID, sc); err != nil {
 		return err
 	}
 	if cur.Status != StatusQueued || cur.QueuedAt == nil {
@@ -216,3 +218,5 @@ func (tx *Tx) Lock(ctx context.Context, id string) (Task, error) {
 	}
 	return t, err
 }
+
+var eventwireDecode = eventwire.DecodeEvent

@@ -76,6 +76,7 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 	var pullRequests dispatch.PullRequests
 	if has(config.ServiceTask) {
 		taskSrv = task.New(tasks, nil, logger)
+		taskSrv.SetMaxRuns(cfg.MaxRuns)
 		register(&taskrunnerv1.TaskService_ServiceDesc, taskSrv)
 		// Tokens are managed where the public API is served.
 		register(&taskrunnerv1.TokenService_ServiceDesc, auth.NewTokenServer(tokens))
@@ -198,6 +199,14 @@ type remoteDispatcher struct {
 
 func (r *remoteDispatcher) DispatchTask(ctx context.Context, id string) (task.Task, error) {
 	resp, err := r.c.Dispatch(ctx, &taskrunnerv1.DispatchRequest{TaskId: id})
+	if err != nil {
+		return task.Task{}, err
+	}
+	return task.FromProto(resp.GetTask()), nil
+}
+
+func (r *remoteDispatcher) StartFollowUp(ctx context.Context, id string) (task.Task, error) {
+	resp, err := r.c.StartNextRun(ctx, &taskrunnerv1.StartNextRunRequest{TaskId: id})
 	if err != nil {
 		return task.Task{}, err
 	}

@@ -28,6 +28,8 @@ import (
 // serves (besides gRPC health). A future model proxy joins this list.
 var runnerRPCs = []string{
 	taskrunnerv1.EventsService_Connect_FullMethodName,
+	taskrunnerv1.EventsService_SaveSession_FullMethodName,
+	taskrunnerv1.EventsService_LoadSession_FullMethodName,
 	taskrunnerv1.GitHubTokenService_IssueRepoToken_FullMethodName,
 }
 

@@ -426,6 +426,98 @@ func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
 	return nil
 }
 
+// StartNextRunRequest names the task.
+type StartNextRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task id.
+	TaskId        string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartNextRunRequest) Reset() {
+	*x = StartNextRunRequest{}
+	mi := &file_taskrunner_v1_dispatch_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartNextRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartNextRunRequest) ProtoMessage() {}
+
+func (x *StartNextRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_dispatch_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartNextRunRequest.ProtoReflect.Descriptor instead.
+func (*StartNextRunRequest) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_dispatch_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *StartNextRunRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+// StartNextRunResponse carries the task afterwards.
+type StartNextRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task.
+	Task          *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartNextRunResponse) Reset() {
+	*x = StartNextRunResponse{}
+	mi := &file_taskrunner_v1_dispatch_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartNextRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartNextRunResponse) ProtoMessage() {}
+
+func (x *StartNextRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_dispatch_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartNextRunResponse.ProtoReflect.Descriptor instead.
+func (*StartNextRunResponse) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_dispatch_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *StartNextRunResponse) GetTask() *Task {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
 var File_taskrunner_v1_dispatch_proto protoreflect.FileDescriptor
 
 const file_taskrunner_v1_dispatch_proto_rawDesc = "" +
@@ -455,9 +547,14 @@ const file_taskrunner_v1_dispatch_proto_rawDesc = "" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12+\n" +
 	"\x11include_destroyed\x18\x02 \x01(\bR\x10includeDestroyed\"M\n" +
 	"\x15ListSandboxesResponse\x124\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x16.taskrunner.v1.SandboxR\tsandboxes2\x81\x02\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x16.taskrunner.v1.SandboxR\tsandboxes\".\n" +
+	"\x13StartNextRunRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\"?\n" +
+	"\x14StartNextRunResponse\x12'\n" +
+	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task2\xda\x02\n" +
 	"\x0fDispatchService\x12K\n" +
-	"\bDispatch\x12\x1e.taskrunner.v1.DispatchRequest\x1a\x1f.taskrunner.v1.DispatchResponse\x12E\n" +
+	"\bDispatch\x12\x1e.taskrunner.v1.DispatchRequest\x1a\x1f.taskrunner.v1.DispatchResponse\x12W\n" +
+	"\fStartNextRun\x12\".taskrunner.v1.StartNextRunRequest\x1a#.taskrunner.v1.StartNextRunResponse\x12E\n" +
 	"\x06Cancel\x12\x1c.taskrunner.v1.CancelRequest\x1a\x1d.taskrunner.v1.CancelResponse\x12Z\n" +
 	"\rListSandboxes\x12#.taskrunner.v1.ListSandboxesRequest\x1a$.taskrunner.v1.ListSandboxesResponseBGZEgithub.com/taskrunner/taskrunner/proto/gen/taskrunner/v1;taskrunnerv1b\x06proto3"
 
@@ -473,7 +570,7 @@ func file_taskrunner_v1_dispatch_proto_rawDescGZIP() []byte {
 	return file_taskrunner_v1_dispatch_proto_rawDescData
 }
 
-var file_taskrunner_v1_dispatch_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_taskrunner_v1_dispatch_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_taskrunner_v1_dispatch_proto_goTypes = []any{
 	(*Sandbox)(nil),               // 0: taskrunner.v1.Sandbox
 	(*DispatchRequest)(nil),       // 1: taskrunner.v1.DispatchRequest
@@ -482,27 +579,32 @@ var file_taskrunner_v1_dispatch_proto_goTypes = []any{
 	(*CancelResponse)(nil),        // 4: taskrunner.v1.CancelResponse
 	(*ListSandboxesRequest)(nil),  // 5: taskrunner.v1.ListSandboxesRequest
 	(*ListSandboxesResponse)(nil), // 6: taskrunner.v1.ListSandboxesResponse
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
-	(*Task)(nil),                  // 8: taskrunner.v1.Task
+	(*StartNextRunRequest)(nil),   // 7: taskrunner.v1.StartNextRunRequest
+	(*StartNextRunResponse)(nil),  // 8: taskrunner.v1.StartNextRunResponse
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*Task)(nil),                  // 10: taskrunner.v1.Task
 }
 var file_taskrunner_v1_dispatch_proto_depIdxs = []int32{
-	7, // 0: taskrunner.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
-	7, // 1: taskrunner.v1.Sandbox.destroy_time:type_name -> google.protobuf.Timestamp
-	8, // 2: taskrunner.v1.DispatchResponse.task:type_name -> taskrunner.v1.Task
-	0, // 3: taskrunner.v1.DispatchResponse.sandbox:type_name -> taskrunner.v1.Sandbox
-	8, // 4: taskrunner.v1.CancelResponse.task:type_name -> taskrunner.v1.Task
-	0, // 5: taskrunner.v1.ListSandboxesResponse.sandboxes:type_name -> taskrunner.v1.Sandbox
-	1, // 6: taskrunner.v1.DispatchService.Dispatch:input_type -> taskrunner.v1.DispatchRequest
-	3, // 7: taskrunner.v1.DispatchService.Cancel:input_type -> taskrunner.v1.CancelRequest
-	5, // 8: taskrunner.v1.DispatchService.ListSandboxes:input_type -> taskrunner.v1.ListSandboxesRequest
-	2, // 9: taskrunner.v1.DispatchService.Dispatch:output_type -> taskrunner.v1.DispatchResponse
-	4, // 10: taskrunner.v1.DispatchService.Cancel:output_type -> taskrunner.v1.CancelResponse
-	6, // 11: taskrunner.v1.DispatchService.ListSandboxes:output_type -> taskrunner.v1.ListSandboxesResponse
-	9, // [9:12] is the sub-list for method output_type
-	6, // [6:9] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	9,  // 0: taskrunner.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
+	9,  // 1: taskrunner.v1.Sandbox.destroy_time:type_name -> google.protobuf.Timestamp
+	10, // 2: taskrunner.v1.DispatchResponse.task:type_name -> taskrunner.v1.Task
+	0,  // 3: taskrunner.v1.DispatchResponse.sandbox:type_name -> taskrunner.v1.Sandbox
+	10, // 4: taskrunner.v1.CancelResponse.task:type_name -> taskrunner.v1.Task
+	0,  // 5: taskrunner.v1.ListSandboxesResponse.sandboxes:type_name -> taskrunner.v1.Sandbox
+	10, // 6: taskrunner.v1.StartNextRunResponse.task:type_name -> taskrunner.v1.Task
+	1,  // 7: taskrunner.v1.DispatchService.Dispatch:input_type -> taskrunner.v1.DispatchRequest
+	7,  // 8: taskrunner.v1.DispatchService.StartNextRun:input_type -> taskrunner.v1.StartNextRunRequest
+	3,  // 9: taskrunner.v1.DispatchService.Cancel:input_type -> taskrunner.v1.CancelRequest
+	5,  // 10: taskrunner.v1.DispatchService.ListSandboxes:input_type -> taskrunner.v1.ListSandboxesRequest
+	2,  // 11: taskrunner.v1.DispatchService.Dispatch:output_type -> taskrunner.v1.DispatchResponse
+	8,  // 12: taskrunner.v1.DispatchService.StartNextRun:output_type -> taskrunner.v1.StartNextRunResponse
+	4,  // 13: taskrunner.v1.DispatchService.Cancel:output_type -> taskrunner.v1.CancelResponse
+	6,  // 14: taskrunner.v1.DispatchService.ListSandboxes:output_type -> taskrunner.v1.ListSandboxesResponse
+	11, // [11:15] is the sub-list for method output_type
+	7,  // [7:11] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_taskrunner_v1_dispatch_proto_init() }
@@ -517,7 +619,7 @@ func file_taskrunner_v1_dispatch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskrunner_v1_dispatch_proto_rawDesc), len(file_taskrunner_v1_dispatch_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	DispatchService_Dispatch_FullMethodName      = "/taskrunner.v1.DispatchService/Dispatch"
+	DispatchService_StartNextRun_FullMethodName  = "/taskrunner.v1.DispatchService/StartNextRun"
 	DispatchService_Cancel_FullMethodName        = "/taskrunner.v1.DispatchService/Cancel"
 	DispatchService_ListSandboxes_FullMethodName = "/taskrunner.v1.DispatchService/ListSandboxes"
 )
@@ -35,6 +36,9 @@ type DispatchServiceClient interface {
 	// repository or global running limit is reached. Idempotent per task.
 	Dispatch(ctx context.Context, in *DispatchRequest, opts ...grpc.CallOption) (*DispatchResponse, error)
 	// Cancel asks the runner to stop, then destroys the sandbox.
+	// StartNextRun starts the task's oldest pending follow-up run when no run
+	// is active (internal scope).
+	StartNextRun(ctx context.Context, in *StartNextRunRequest, opts ...grpc.CallOption) (*StartNextRunResponse, error)
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
 	// ListSandboxes lists the sandboxes the service knows about.
 	ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error)
@@ -52,6 +56,16 @@ func (c *dispatchServiceClient) Dispatch(ctx context.Context, in *DispatchReques
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DispatchResponse)
 	err := c.cc.Invoke(ctx, DispatchService_Dispatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatchServiceClient) StartNextRun(ctx context.Context, in *StartNextRunRequest, opts ...grpc.CallOption) (*StartNextRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartNextRunResponse)
+	err := c.cc.Invoke(ctx, DispatchService_StartNextRun_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +103,9 @@ type DispatchServiceServer interface {
 	// repository or global running limit is reached. Idempotent per task.
 	Dispatch(context.Context, *DispatchRequest) (*DispatchResponse, error)
 	// Cancel asks the runner to stop, then destroys the sandbox.
+	// StartNextRun starts the task's oldest pending follow-up run when no run
+	// is active (internal scope).
+	StartNextRun(context.Context, *StartNextRunRequest) (*StartNextRunResponse, error)
 	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
 	// ListSandboxes lists the sandboxes the service knows about.
 	ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error)
@@ -104,6 +121,9 @@ type UnimplementedDispatchServiceServer struct{}
 
 func (UnimplementedDispatchServiceServer) Dispatch(context.Context, *DispatchRequest) (*DispatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Dispatch not implemented")
+}
+func (UnimplementedDispatchServiceServer) StartNextRun(context.Context, *StartNextRunRequest) (*StartNextRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartNextRun not implemented")
 }
 func (UnimplementedDispatchServiceServer) Cancel(context.Context, *CancelRequest) (*CancelResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Cancel not implemented")
@@ -146,6 +166,24 @@ func _DispatchService_Dispatch_Handler(srv interface{}, ctx context.Context, dec
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(DispatchServiceServer).Dispatch(ctx, req.(*DispatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatchService_StartNextRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartNextRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatchServiceServer).StartNextRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatchService_StartNextRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatchServiceServer).StartNextRun(ctx, req.(*StartNextRunRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -196,6 +234,10 @@ var DispatchService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Dispatch",
 			Handler:    _DispatchService_Dispatch_Handler,
+		},
+		{
+			MethodName: "StartNextRun",
+			Handler:    _DispatchService_StartNextRun_Handler,
 		},
 		{
 			MethodName: "Cancel",

@@ -71,6 +71,262 @@ func (ProtocolVersion) EnumDescriptor() ([]byte, []int) {
 	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{0}
 }
 
+// SaveSessionRequest carries an agent session.
+type SaveSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task id; must match the client certificate.
+	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// The run that produced it.
+	Run int32 `protobuf:"varint,2,opt,name=run,proto3" json:"run,omitempty"`
+	// "claude" or "codex".
+	Agent string `protobuf:"bytes,3,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The agent's session or thread id (what --resume takes).
+	SessionId string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The session files as a gzip-compressed tar archive (at most 8 MiB).
+	Archive       []byte `protobuf:"bytes,5,opt,name=archive,proto3" json:"archive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveSessionRequest) Reset() {
+	*x = SaveSessionRequest{}
+	mi := &file_taskrunner_v1_events_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveSessionRequest) ProtoMessage() {}
+
+func (x *SaveSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_events_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveSessionRequest.ProtoReflect.Descriptor instead.
+func (*SaveSessionRequest) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SaveSessionRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *SaveSessionRequest) GetRun() int32 {
+	if x != nil {
+		return x.Run
+	}
+	return 0
+}
+
+func (x *SaveSessionRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *SaveSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SaveSessionRequest) GetArchive() []byte {
+	if x != nil {
+		return x.Archive
+	}
+	return nil
+}
+
+// SaveSessionResponse acknowledges SaveSession.
+type SaveSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes stored.
+	Size          int64 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveSessionResponse) Reset() {
+	*x = SaveSessionResponse{}
+	mi := &file_taskrunner_v1_events_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveSessionResponse) ProtoMessage() {}
+
+func (x *SaveSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_events_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveSessionResponse.ProtoReflect.Descriptor instead.
+func (*SaveSessionResponse) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SaveSessionResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// LoadSessionRequest names the task.
+type LoadSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task id; must match the client certificate.
+	TaskId        string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadSessionRequest) Reset() {
+	*x = LoadSessionRequest{}
+	mi := &file_taskrunner_v1_events_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadSessionRequest) ProtoMessage() {}
+
+func (x *LoadSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_events_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadSessionRequest.ProtoReflect.Descriptor instead.
+func (*LoadSessionRequest) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LoadSessionRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+// LoadSessionResponse is the newest saved session.
+type LoadSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether a session was saved.
+	Found bool `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	// Run that saved it.
+	Run int32 `protobuf:"varint,2,opt,name=run,proto3" json:"run,omitempty"`
+	// "claude" or "codex".
+	Agent string `protobuf:"bytes,3,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The agent's session or thread id.
+	SessionId string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// gzip-compressed tar archive of the session files.
+	Archive       []byte `protobuf:"bytes,5,opt,name=archive,proto3" json:"archive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadSessionResponse) Reset() {
+	*x = LoadSessionResponse{}
+	mi := &file_taskrunner_v1_events_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadSessionResponse) ProtoMessage() {}
+
+func (x *LoadSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_events_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadSessionResponse.ProtoReflect.Descriptor instead.
+func (*LoadSessionResponse) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LoadSessionResponse) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *LoadSessionResponse) GetRun() int32 {
+	if x != nil {
+		return x.Run
+	}
+	return 0
+}
+
+func (x *LoadSessionResponse) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *LoadSessionResponse) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *LoadSessionResponse) GetArchive() []byte {
+	if x != nil {
+		return x.Archive
+	}
+	return nil
+}
+
 // ConnectRequest is a message from the runner to the server.
 type ConnectRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -88,7 +344,7 @@ type ConnectRequest struct {
 
 func (x *ConnectRequest) Reset() {
 	*x = ConnectRequest{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[0]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -100,7 +356,7 @@ func (x *ConnectRequest) String() string {
 func (*ConnectRequest) ProtoMessage() {}
 
 func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[0]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -113,7 +369,7 @@ func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectRequest.ProtoReflect.Descriptor instead.
 func (*ConnectRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{0}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ConnectRequest) GetMsg() isConnectRequest_Msg {
@@ -192,7 +448,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[1]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -204,7 +460,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[1]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -217,7 +473,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{1}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ConnectResponse) GetMsg() isConnectResponse_Msg {
@@ -288,13 +544,16 @@ type Hello struct {
 	ProtocolVersion ProtocolVersion `protobuf:"varint,2,opt,name=protocol_version,json=protocolVersion,proto3,enum=taskrunner.v1.ProtocolVersion" json:"protocol_version,omitempty"`
 	// Runner build version, for logs.
 	RunnerVersion string `protobuf:"bytes,3,opt,name=runner_version,json=runnerVersion,proto3" json:"runner_version,omitempty"`
+	// The task's run this runner works on (TASKRUNNER_RUN; 0 means 1). A
+	// runner of a finished run is refused: its seqs count within its run.
+	Run           int32 `protobuf:"varint,4,opt,name=run,proto3" json:"run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[2]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +565,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[2]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +578,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{2}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Hello) GetTaskId() string {
@@ -343,6 +602,13 @@ func (x *Hello) GetRunnerVersion() string {
 	return ""
 }
 
+func (x *Hello) GetRun() int32 {
+	if x != nil {
+		return x.Run
+	}
+	return 0
+}
+
 // Welcome answers Hello.
 type Welcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -356,7 +622,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[3]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +634,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[3]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +647,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{3}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Welcome) GetLastPersistedSeq() int64 {
@@ -409,7 +675,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[4]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +687,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[4]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +700,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{4}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Ack) GetSeq() int64 {
@@ -455,7 +721,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[5]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +733,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[5]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +746,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{5}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Cancel) GetReason() string {
@@ -501,7 +767,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[6]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +779,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[6]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +792,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{6}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -548,6 +814,9 @@ type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Per-task sequence number, 1, 2, 3 … (see above).
 	Seq int64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The run the event belongs to (0 for events of the first run stored
+	// before runs existed; the server sets it on stored runner events).
+	Run int32 `protobuf:"varint,3,opt,name=run,proto3" json:"run,omitempty"`
 	// When it happened, by the sender's clock.
 	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
 	// What happened.
@@ -571,7 +840,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[7]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +852,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[7]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,12 +865,19 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{7}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Event) GetSeq() int64 {
 	if x != nil {
 		return x.Seq
+	}
+	return 0
+}
+
+func (x *Event) GetRun() int32 {
+	if x != nil {
+		return x.Run
 	}
 	return 0
 }
@@ -804,7 +1080,7 @@ type SandboxState struct {
 
 func (x *SandboxState) Reset() {
 	*x = SandboxState{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[8]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +1092,7 @@ func (x *SandboxState) String() string {
 func (*SandboxState) ProtoMessage() {}
 
 func (x *SandboxState) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[8]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +1105,7 @@ func (x *SandboxState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxState.ProtoReflect.Descriptor instead.
 func (*SandboxState) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{8}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SandboxState) GetState() string {
@@ -874,13 +1150,15 @@ type StatusChange struct {
 	Actor string `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
 	// 1-based position in the dispatch queue when `to` is QUEUED.
 	QueuePosition int64 `protobuf:"varint,5,opt,name=queue_position,json=queuePosition,proto3" json:"queue_position,omitempty"`
+	// The run the change belongs to (a follow-up starts run 2, 3 …).
+	Run           int32 `protobuf:"varint,6,opt,name=run,proto3" json:"run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusChange) Reset() {
 	*x = StatusChange{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[9]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +1170,7 @@ func (x *StatusChange) String() string {
 func (*StatusChange) ProtoMessage() {}
 
 func (x *StatusChange) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[9]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1183,7 @@ func (x *StatusChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusChange.ProtoReflect.Descriptor instead.
 func (*StatusChange) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{9}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatusChange) GetFrom() TaskStatus {
@@ -943,6 +1221,13 @@ func (x *StatusChange) GetQueuePosition() int64 {
 	return 0
 }
 
+func (x *StatusChange) GetRun() int32 {
+	if x != nil {
+		return x.Run
+	}
+	return 0
+}
+
 // QueuePosition is a queued task's new place in the dispatch queue.
 type QueuePosition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -954,7 +1239,7 @@ type QueuePosition struct {
 
 func (x *QueuePosition) Reset() {
 	*x = QueuePosition{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[10]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1251,7 @@ func (x *QueuePosition) String() string {
 func (*QueuePosition) ProtoMessage() {}
 
 func (x *QueuePosition) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[10]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1264,7 @@ func (x *QueuePosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueuePosition.ProtoReflect.Descriptor instead.
 func (*QueuePosition) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{10}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *QueuePosition) GetPosition() int64 {
@@ -1002,7 +1287,7 @@ type StageChange struct {
 
 func (x *StageChange) Reset() {
 	*x = StageChange{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[11]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1299,7 @@ func (x *StageChange) String() string {
 func (*StageChange) ProtoMessage() {}
 
 func (x *StageChange) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[11]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1312,7 @@ func (x *StageChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageChange.ProtoReflect.Descriptor instead.
 func (*StageChange) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{11}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StageChange) GetStage() TaskStage {
@@ -1057,7 +1342,7 @@ type Log struct {
 
 func (x *Log) Reset() {
 	*x = Log{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[12]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1354,7 @@ func (x *Log) String() string {
 func (*Log) ProtoMessage() {}
 
 func (x *Log) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[12]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1367,7 @@ func (x *Log) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Log.ProtoReflect.Descriptor instead.
 func (*Log) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{12}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Log) GetLines() []string {
@@ -1112,7 +1397,7 @@ type Completed struct {
 
 func (x *Completed) Reset() {
 	*x = Completed{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[13]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1409,7 @@ func (x *Completed) String() string {
 func (*Completed) ProtoMessage() {}
 
 func (x *Completed) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[13]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1422,7 @@ func (x *Completed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completed.ProtoReflect.Descriptor instead.
 func (*Completed) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{13}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Completed) GetPrUrl() string {
@@ -1169,7 +1454,7 @@ type Failed struct {
 
 func (x *Failed) Reset() {
 	*x = Failed{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[14]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1466,7 @@ func (x *Failed) String() string {
 func (*Failed) ProtoMessage() {}
 
 func (x *Failed) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[14]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1479,7 @@ func (x *Failed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failed.ProtoReflect.Descriptor instead.
 func (*Failed) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{14}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Failed) GetReason() string {
@@ -1229,7 +1514,7 @@ type Cancelled struct {
 
 func (x *Cancelled) Reset() {
 	*x = Cancelled{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[15]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1526,7 @@ func (x *Cancelled) String() string {
 func (*Cancelled) ProtoMessage() {}
 
 func (x *Cancelled) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[15]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1539,7 @@ func (x *Cancelled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancelled.ProtoReflect.Descriptor instead.
 func (*Cancelled) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{15}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Cancelled) GetReason() string {
@@ -1277,7 +1562,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[16]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1574,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[16]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1587,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{16}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SubscribeRequest) GetTaskId() string {
@@ -1332,7 +1617,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[17]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1629,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[17]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1642,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{17}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubscribeResponse) GetTaskId() string {
@@ -1391,7 +1676,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[18]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1688,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[18]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1701,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{18}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListEventsRequest) GetTaskId() string {
@@ -1460,7 +1745,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_taskrunner_v1_events_proto_msgTypes[19]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1757,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_events_proto_msgTypes[19]
+	mi := &file_taskrunner_v1_events_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1770,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{19}
+	return file_taskrunner_v1_events_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -1506,7 +1791,25 @@ var File_taskrunner_v1_events_proto protoreflect.FileDescriptor
 
 const file_taskrunner_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x1ataskrunner/v1/events.proto\x12\rtaskrunner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18taskrunner/v1/task.proto\"\xad\x01\n" +
+	"\x1ataskrunner/v1/events.proto\x12\rtaskrunner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18taskrunner/v1/task.proto\"\x8e\x01\n" +
+	"\x12SaveSessionRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x10\n" +
+	"\x03run\x18\x02 \x01(\x05R\x03run\x12\x14\n" +
+	"\x05agent\x18\x03 \x01(\tR\x05agent\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\x12\x18\n" +
+	"\aarchive\x18\x05 \x01(\fR\aarchive\")\n" +
+	"\x13SaveSessionResponse\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\"-\n" +
+	"\x12LoadSessionRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\"\x8c\x01\n" +
+	"\x13LoadSessionResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12\x10\n" +
+	"\x03run\x18\x02 \x01(\x05R\x03run\x12\x14\n" +
+	"\x05agent\x18\x03 \x01(\tR\x05agent\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\x12\x18\n" +
+	"\aarchive\x18\x05 \x01(\fR\aarchive\"\xad\x01\n" +
 	"\x0eConnectRequest\x12,\n" +
 	"\x05hello\x18\x01 \x01(\v2\x14.taskrunner.v1.HelloH\x00R\x05hello\x12,\n" +
 	"\x05event\x18\x02 \x01(\v2\x14.taskrunner.v1.EventH\x00R\x05event\x128\n" +
@@ -1516,11 +1819,12 @@ const file_taskrunner_v1_events_proto_rawDesc = "" +
 	"\awelcome\x18\x01 \x01(\v2\x16.taskrunner.v1.WelcomeH\x00R\awelcome\x12&\n" +
 	"\x03ack\x18\x02 \x01(\v2\x12.taskrunner.v1.AckH\x00R\x03ack\x12/\n" +
 	"\x06cancel\x18\x03 \x01(\v2\x15.taskrunner.v1.CancelH\x00R\x06cancelB\x05\n" +
-	"\x03msg\"\x92\x01\n" +
+	"\x03msg\"\xa4\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12I\n" +
 	"\x10protocol_version\x18\x02 \x01(\x0e2\x1e.taskrunner.v1.ProtocolVersionR\x0fprotocolVersion\x12%\n" +
-	"\x0erunner_version\x18\x03 \x01(\tR\rrunnerVersion\"u\n" +
+	"\x0erunner_version\x18\x03 \x01(\tR\rrunnerVersion\x12\x10\n" +
+	"\x03run\x18\x04 \x01(\x05R\x03run\"u\n" +
 	"\aWelcome\x12,\n" +
 	"\x12last_persisted_seq\x18\x01 \x01(\x03R\x10lastPersistedSeq\x12<\n" +
 	"\x1aheartbeat_interval_seconds\x18\x02 \x01(\x05R\x18heartbeatIntervalSeconds\"\x17\n" +
@@ -1529,9 +1833,10 @@ const file_taskrunner_v1_events_proto_rawDesc = "" +
 	"\x06Cancel\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\";\n" +
 	"\tHeartbeat\x12.\n" +
-	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\x8f\x05\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xa1\x05\n" +
 	"\x05Event\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12.\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x10\n" +
+	"\x03run\x18\x03 \x01(\x05R\x03run\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12?\n" +
 	"\fstage_change\x18\n" +
 	" \x01(\v2\x1a.taskrunner.v1.StageChangeH\x00R\vstageChange\x12&\n" +
@@ -1551,13 +1856,14 @@ const file_taskrunner_v1_events_proto_rawDesc = "" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x03 \x01(\tR\tsandboxId\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xbd\x01\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xcf\x01\n" +
 	"\fStatusChange\x12-\n" +
 	"\x04from\x18\x01 \x01(\x0e2\x19.taskrunner.v1.TaskStatusR\x04from\x12)\n" +
 	"\x02to\x18\x02 \x01(\x0e2\x19.taskrunner.v1.TaskStatusR\x02to\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x14\n" +
 	"\x05actor\x18\x04 \x01(\tR\x05actor\x12%\n" +
-	"\x0equeue_position\x18\x05 \x01(\x03R\rqueuePosition\"+\n" +
+	"\x0equeue_position\x18\x05 \x01(\x03R\rqueuePosition\x12\x10\n" +
+	"\x03run\x18\x06 \x01(\x05R\x03run\"+\n" +
 	"\rQueuePosition\x12\x1a\n" +
 	"\bposition\x18\x01 \x01(\x03R\bposition\"U\n" +
 	"\vStageChange\x12.\n" +
@@ -1592,12 +1898,14 @@ const file_taskrunner_v1_events_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*K\n" +
 	"\x0fProtocolVersion\x12 \n" +
 	"\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n" +
-	"\x12PROTOCOL_VERSION_1\x10\x012\x82\x02\n" +
+	"\x12PROTOCOL_VERSION_1\x10\x012\xae\x03\n" +
 	"\rEventsService\x12L\n" +
 	"\aConnect\x12\x1d.taskrunner.v1.ConnectRequest\x1a\x1e.taskrunner.v1.ConnectResponse(\x010\x01\x12P\n" +
 	"\tSubscribe\x12\x1f.taskrunner.v1.SubscribeRequest\x1a .taskrunner.v1.SubscribeResponse0\x01\x12Q\n" +
 	"\n" +
-	"ListEvents\x12 .taskrunner.v1.ListEventsRequest\x1a!.taskrunner.v1.ListEventsResponseBGZEgithub.com/taskrunner/taskrunner/proto/gen/taskrunner/v1;taskrunnerv1b\x06proto3"
+	"ListEvents\x12 .taskrunner.v1.ListEventsRequest\x1a!.taskrunner.v1.ListEventsResponse\x12T\n" +
+	"\vSaveSession\x12!.taskrunner.v1.SaveSessionRequest\x1a\".taskrunner.v1.SaveSessionResponse\x12T\n" +
+	"\vLoadSession\x12!.taskrunner.v1.LoadSessionRequest\x1a\".taskrunner.v1.LoadSessionResponseBGZEgithub.com/taskrunner/taskrunner/proto/gen/taskrunner/v1;taskrunnerv1b\x06proto3"
 
 var (
 	file_taskrunner_v1_events_proto_rawDescOnce sync.Once
@@ -1612,69 +1920,77 @@ func file_taskrunner_v1_events_proto_rawDescGZIP() []byte {
 }
 
 var file_taskrunner_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_taskrunner_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_taskrunner_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_taskrunner_v1_events_proto_goTypes = []any{
 	(ProtocolVersion)(0),          // 0: taskrunner.v1.ProtocolVersion
-	(*ConnectRequest)(nil),        // 1: taskrunner.v1.ConnectRequest
-	(*ConnectResponse)(nil),       // 2: taskrunner.v1.ConnectResponse
-	(*Hello)(nil),                 // 3: taskrunner.v1.Hello
-	(*Welcome)(nil),               // 4: taskrunner.v1.Welcome
-	(*Ack)(nil),                   // 5: taskrunner.v1.Ack
-	(*Cancel)(nil),                // 6: taskrunner.v1.Cancel
-	(*Heartbeat)(nil),             // 7: taskrunner.v1.Heartbeat
-	(*Event)(nil),                 // 8: taskrunner.v1.Event
-	(*SandboxState)(nil),          // 9: taskrunner.v1.SandboxState
-	(*StatusChange)(nil),          // 10: taskrunner.v1.StatusChange
-	(*QueuePosition)(nil),         // 11: taskrunner.v1.QueuePosition
-	(*StageChange)(nil),           // 12: taskrunner.v1.StageChange
-	(*Log)(nil),                   // 13: taskrunner.v1.Log
-	(*Completed)(nil),             // 14: taskrunner.v1.Completed
-	(*Failed)(nil),                // 15: taskrunner.v1.Failed
-	(*Cancelled)(nil),             // 16: taskrunner.v1.Cancelled
-	(*SubscribeRequest)(nil),      // 17: taskrunner.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),     // 18: taskrunner.v1.SubscribeResponse
-	(*ListEventsRequest)(nil),     // 19: taskrunner.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),    // 20: taskrunner.v1.ListEventsResponse
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(*DiffStats)(nil),             // 22: taskrunner.v1.DiffStats
-	(*Usage)(nil),                 // 23: taskrunner.v1.Usage
-	(TaskStatus)(0),               // 24: taskrunner.v1.TaskStatus
-	(TaskStage)(0),                // 25: taskrunner.v1.TaskStage
+	(*SaveSessionRequest)(nil),    // 1: taskrunner.v1.SaveSessionRequest
+	(*SaveSessionResponse)(nil),   // 2: taskrunner.v1.SaveSessionResponse
+	(*LoadSessionRequest)(nil),    // 3: taskrunner.v1.LoadSessionRequest
+	(*LoadSessionResponse)(nil),   // 4: taskrunner.v1.LoadSessionResponse
+	(*ConnectRequest)(nil),        // 5: taskrunner.v1.ConnectRequest
+	(*ConnectResponse)(nil),       // 6: taskrunner.v1.ConnectResponse
+	(*Hello)(nil),                 // 7: taskrunner.v1.Hello
+	(*Welcome)(nil),               // 8: taskrunner.v1.Welcome
+	(*Ack)(nil),                   // 9: taskrunner.v1.Ack
+	(*Cancel)(nil),                // 10: taskrunner.v1.Cancel
+	(*Heartbeat)(nil),             // 11: taskrunner.v1.Heartbeat
+	(*Event)(nil),                 // 12: taskrunner.v1.Event
+	(*SandboxState)(nil),          // 13: taskrunner.v1.SandboxState
+	(*StatusChange)(nil),          // 14: taskrunner.v1.StatusChange
+	(*QueuePosition)(nil),         // 15: taskrunner.v1.QueuePosition
+	(*StageChange)(nil),           // 16: taskrunner.v1.StageChange
+	(*Log)(nil),                   // 17: taskrunner.v1.Log
+	(*Completed)(nil),             // 18: taskrunner.v1.Completed
+	(*Failed)(nil),                // 19: taskrunner.v1.Failed
+	(*Cancelled)(nil),             // 20: taskrunner.v1.Cancelled
+	(*SubscribeRequest)(nil),      // 21: taskrunner.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),     // 22: taskrunner.v1.SubscribeResponse
+	(*ListEventsRequest)(nil),     // 23: taskrunner.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 24: taskrunner.v1.ListEventsResponse
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*DiffStats)(nil),             // 26: taskrunner.v1.DiffStats
+	(*Usage)(nil),                 // 27: taskrunner.v1.Usage
+	(TaskStatus)(0),               // 28: taskrunner.v1.TaskStatus
+	(TaskStage)(0),                // 29: taskrunner.v1.TaskStage
 }
 var file_taskrunner_v1_events_proto_depIdxs = []int32{
-	3,  // 0: taskrunner.v1.ConnectRequest.hello:type_name -> taskrunner.v1.Hello
-	8,  // 1: taskrunner.v1.ConnectRequest.event:type_name -> taskrunner.v1.Event
-	7,  // 2: taskrunner.v1.ConnectRequest.heartbeat:type_name -> taskrunner.v1.Heartbeat
-	4,  // 3: taskrunner.v1.ConnectResponse.welcome:type_name -> taskrunner.v1.Welcome
-	5,  // 4: taskrunner.v1.ConnectResponse.ack:type_name -> taskrunner.v1.Ack
-	6,  // 5: taskrunner.v1.ConnectResponse.cancel:type_name -> taskrunner.v1.Cancel
+	7,  // 0: taskrunner.v1.ConnectRequest.hello:type_name -> taskrunner.v1.Hello
+	12, // 1: taskrunner.v1.ConnectRequest.event:type_name -> taskrunner.v1.Event
+	11, // 2: taskrunner.v1.ConnectRequest.heartbeat:type_name -> taskrunner.v1.Heartbeat
+	8,  // 3: taskrunner.v1.ConnectResponse.welcome:type_name -> taskrunner.v1.Welcome
+	9,  // 4: taskrunner.v1.ConnectResponse.ack:type_name -> taskrunner.v1.Ack
+	10, // 5: taskrunner.v1.ConnectResponse.cancel:type_name -> taskrunner.v1.Cancel
 	0,  // 6: taskrunner.v1.Hello.protocol_version:type_name -> taskrunner.v1.ProtocolVersion
-	21, // 7: taskrunner.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	21, // 8: taskrunner.v1.Event.time:type_name -> google.protobuf.Timestamp
-	12, // 9: taskrunner.v1.Event.stage_change:type_name -> taskrunner.v1.StageChange
-	13, // 10: taskrunner.v1.Event.log:type_name -> taskrunner.v1.Log
-	22, // 11: taskrunner.v1.Event.diff_stats:type_name -> taskrunner.v1.DiffStats
-	23, // 12: taskrunner.v1.Event.usage:type_name -> taskrunner.v1.Usage
-	14, // 13: taskrunner.v1.Event.completed:type_name -> taskrunner.v1.Completed
-	15, // 14: taskrunner.v1.Event.failed:type_name -> taskrunner.v1.Failed
-	16, // 15: taskrunner.v1.Event.cancelled:type_name -> taskrunner.v1.Cancelled
-	10, // 16: taskrunner.v1.Event.status_change:type_name -> taskrunner.v1.StatusChange
-	11, // 17: taskrunner.v1.Event.queue_position:type_name -> taskrunner.v1.QueuePosition
-	9,  // 18: taskrunner.v1.Event.sandbox:type_name -> taskrunner.v1.SandboxState
-	24, // 19: taskrunner.v1.StatusChange.from:type_name -> taskrunner.v1.TaskStatus
-	24, // 20: taskrunner.v1.StatusChange.to:type_name -> taskrunner.v1.TaskStatus
-	25, // 21: taskrunner.v1.StageChange.stage:type_name -> taskrunner.v1.TaskStage
-	25, // 22: taskrunner.v1.Log.stage:type_name -> taskrunner.v1.TaskStage
-	8,  // 23: taskrunner.v1.SubscribeResponse.event:type_name -> taskrunner.v1.Event
-	8,  // 24: taskrunner.v1.ListEventsResponse.events:type_name -> taskrunner.v1.Event
-	1,  // 25: taskrunner.v1.EventsService.Connect:input_type -> taskrunner.v1.ConnectRequest
-	17, // 26: taskrunner.v1.EventsService.Subscribe:input_type -> taskrunner.v1.SubscribeRequest
-	19, // 27: taskrunner.v1.EventsService.ListEvents:input_type -> taskrunner.v1.ListEventsRequest
-	2,  // 28: taskrunner.v1.EventsService.Connect:output_type -> taskrunner.v1.ConnectResponse
-	18, // 29: taskrunner.v1.EventsService.Subscribe:output_type -> taskrunner.v1.SubscribeResponse
-	20, // 30: taskrunner.v1.EventsService.ListEvents:output_type -> taskrunner.v1.ListEventsResponse
-	28, // [28:31] is the sub-list for method output_type
-	25, // [25:28] is the sub-list for method input_type
+	25, // 7: taskrunner.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	25, // 8: taskrunner.v1.Event.time:type_name -> google.protobuf.Timestamp
+	16, // 9: taskrunner.v1.Event.stage_change:type_name -> taskrunner.v1.StageChange
+	17, // 10: taskrunner.v1.Event.log:type_name -> taskrunner.v1.Log
+	26, // 11: taskrunner.v1.Event.diff_stats:type_name -> taskrunner.v1.DiffStats
+	27, // 12: taskrunner.v1.Event.usage:type_name -> taskrunner.v1.Usage
+	18, // 13: taskrunner.v1.Event.completed:type_name -> taskrunner.v1.Completed
+	19, // 14: taskrunner.v1.Event.failed:type_name -> taskrunner.v1.Failed
+	20, // 15: taskrunner.v1.Event.cancelled:type_name -> taskrunner.v1.Cancelled
+	14, // 16: taskrunner.v1.Event.status_change:type_name -> taskrunner.v1.StatusChange
+	15, // 17: taskrunner.v1.Event.queue_position:type_name -> taskrunner.v1.QueuePosition
+	13, // 18: taskrunner.v1.Event.sandbox:type_name -> taskrunner.v1.SandboxState
+	28, // 19: taskrunner.v1.StatusChange.from:type_name -> taskrunner.v1.TaskStatus
+	28, // 20: taskrunner.v1.StatusChange.to:type_name -> taskrunner.v1.TaskStatus
+	29, // 21: taskrunner.v1.StageChange.stage:type_name -> taskrunner.v1.TaskStage
+	29, // 22: taskrunner.v1.Log.stage:type_name -> taskrunner.v1.TaskStage
+	12, // 23: taskrunner.v1.SubscribeResponse.event:type_name -> taskrunner.v1.Event
+	12, // 24: taskrunner.v1.ListEventsResponse.events:type_name -> taskrunner.v1.Event
+	5,  // 25: taskrunner.v1.EventsService.Connect:input_type -> taskrunner.v1.ConnectRequest
+	21, // 26: taskrunner.v1.EventsService.Subscribe:input_type -> taskrunner.v1.SubscribeRequest
+	23, // 27: taskrunner.v1.EventsService.ListEvents:input_type -> taskrunner.v1.ListEventsRequest
+	1,  // 28: taskrunner.v1.EventsService.SaveSession:input_type -> taskrunner.v1.SaveSessionRequest
+	3,  // 29: taskrunner.v1.EventsService.LoadSession:input_type -> taskrunner.v1.LoadSessionRequest
+	6,  // 30: taskrunner.v1.EventsService.Connect:output_type -> taskrunner.v1.ConnectResponse
+	22, // 31: taskrunner.v1.EventsService.Subscribe:output_type -> taskrunner.v1.SubscribeResponse
+	24, // 32: taskrunner.v1.EventsService.ListEvents:output_type -> taskrunner.v1.ListEventsResponse
+	2,  // 33: taskrunner.v1.EventsService.SaveSession:output_type -> taskrunner.v1.SaveSessionResponse
+	4,  // 34: taskrunner.v1.EventsService.LoadSession:output_type -> taskrunner.v1.LoadSessionResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -1686,17 +2002,17 @@ func file_taskrunner_v1_events_proto_init() {
 		return
 	}
 	file_taskrunner_v1_task_proto_init()
-	file_taskrunner_v1_events_proto_msgTypes[0].OneofWrappers = []any{
+	file_taskrunner_v1_events_proto_msgTypes[4].OneofWrappers = []any{
 		(*ConnectRequest_Hello)(nil),
 		(*ConnectRequest_Event)(nil),
 		(*ConnectRequest_Heartbeat)(nil),
 	}
-	file_taskrunner_v1_events_proto_msgTypes[1].OneofWrappers = []any{
+	file_taskrunner_v1_events_proto_msgTypes[5].OneofWrappers = []any{
 		(*ConnectResponse_Welcome)(nil),
 		(*ConnectResponse_Ack)(nil),
 		(*ConnectResponse_Cancel)(nil),
 	}
-	file_taskrunner_v1_events_proto_msgTypes[7].OneofWrappers = []any{
+	file_taskrunner_v1_events_proto_msgTypes[11].OneofWrappers = []any{
 		(*Event_StageChange)(nil),
 		(*Event_Log)(nil),
 		(*Event_DiffStats)(nil),
@@ -1714,7 +2030,7 @@ func file_taskrunner_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskrunner_v1_events_proto_rawDesc), len(file_taskrunner_v1_events_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

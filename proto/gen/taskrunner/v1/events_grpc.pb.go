@@ -19,9 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	EventsService_Connect_FullMethodName    = "/taskrunner.v1.EventsService/Connect"
-	EventsService_Subscribe_FullMethodName  = "/taskrunner.v1.EventsService/Subscribe"
-	EventsService_ListEvents_FullMethodName = "/taskrunner.v1.EventsService/ListEvents"
+	EventsService_Connect_FullMethodName     = "/taskrunner.v1.EventsService/Connect"
+	EventsService_Subscribe_FullMethodName   = "/taskrunner.v1.EventsService/Subscribe"
+	EventsService_ListEvents_FullMethodName  = "/taskrunner.v1.EventsService/ListEvents"
+	EventsService_SaveSession_FullMethodName = "/taskrunner.v1.EventsService/SaveSession"
+	EventsService_LoadSession_FullMethodName = "/taskrunner.v1.EventsService/LoadSession"
 )
 
 // EventsServiceClient is the client API for EventsService service.
@@ -55,6 +57,13 @@ type EventsServiceClient interface {
 	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SubscribeResponse], error)
 	// ListEvents pages through a task's stored events. Owner-checked.
 	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error)
+	// SaveSession stores the agent's session (Claude Code's transcript,
+	// Codex's thread) at the end of a run, for the next run to resume (runner
+	// only, mTLS; redacted by the runner, size-capped by the server).
+	SaveSession(ctx context.Context, in *SaveSessionRequest, opts ...grpc.CallOption) (*SaveSessionResponse, error)
+	// LoadSession returns the newest saved session of the task (runner only,
+	// mTLS); found is false when there is none.
+	LoadSession(ctx context.Context, in *LoadSessionRequest, opts ...grpc.CallOption) (*LoadSessionResponse, error)
 }
 
 type eventsServiceClient struct {
@@ -107,6 +116,26 @@ func (c *eventsServiceClient) ListEvents(ctx context.Context, in *ListEventsRequ
 	return out, nil
 }
 
+func (c *eventsServiceClient) SaveSession(ctx context.Context, in *SaveSessionRequest, opts ...grpc.CallOption) (*SaveSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SaveSessionResponse)
+	err := c.cc.Invoke(ctx, EventsService_SaveSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *eventsServiceClient) LoadSession(ctx context.Context, in *LoadSessionRequest, opts ...grpc.CallOption) (*LoadSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LoadSessionResponse)
+	err := c.cc.Invoke(ctx, EventsService_LoadSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EventsServiceServer is the server API for EventsService service.
 // All implementations must embed UnimplementedEventsServiceServer
 // for forward compatibility.
@@ -138,6 +167,13 @@ type EventsServiceServer interface {
 	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[SubscribeResponse]) error
 	// ListEvents pages through a task's stored events. Owner-checked.
 	ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error)
+	// SaveSession stores the agent's session (Claude Code's transcript,
+	// Codex's thread) at the end of a run, for the next run to resume (runner
+	// only, mTLS; redacted by the runner, size-capped by the server).
+	SaveSession(context.Context, *SaveSessionRequest) (*SaveSessionResponse, error)
+	// LoadSession returns the newest saved session of the task (runner only,
+	// mTLS); found is false when there is none.
+	LoadSession(context.Context, *LoadSessionRequest) (*LoadSessionResponse, error)
 	mustEmbedUnimplementedEventsServiceServer()
 }
 
@@ -156,6 +192,12 @@ func (UnimplementedEventsServiceServer) Subscribe(*SubscribeRequest, grpc.Server
 }
 func (UnimplementedEventsServiceServer) ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListEvents not implemented")
+}
+func (UnimplementedEventsServiceServer) SaveSession(context.Context, *SaveSessionRequest) (*SaveSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SaveSession not implemented")
+}
+func (UnimplementedEventsServiceServer) LoadSession(context.Context, *LoadSessionRequest) (*LoadSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LoadSession not implemented")
 }
 func (UnimplementedEventsServiceServer) mustEmbedUnimplementedEventsServiceServer() {}
 func (UnimplementedEventsServiceServer) testEmbeddedByValue()                       {}
@@ -214,6 +256,42 @@ func _EventsService_ListEvents_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EventsService_SaveSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SaveSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EventsServiceServer).SaveSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: EventsService_SaveSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EventsServiceServer).SaveSession(ctx, req.(*SaveSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _EventsService_LoadSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LoadSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EventsServiceServer).LoadSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: EventsService_LoadSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EventsServiceServer).LoadSession(ctx, req.(*LoadSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // EventsService_ServiceDesc is the grpc.ServiceDesc for EventsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -224,6 +302,14 @@ var EventsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListEvents",
 			Handler:    _EventsService_ListEvents_Handler,
+		},
+		{
+			MethodName: "SaveSession",
+			Handler:    _EventsService_SaveSession_Handler,
+		},
+		{
+			MethodName: "LoadSession",
+			Handler:    _EventsService_LoadSession_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -387,7 +387,12 @@ type Task struct {
 	QueuePosition int64 `protobuf:"varint,22,opt,name=queue_position,json=queuePosition,proto3" json:"queue_position,omitempty"`
 	// Sequence number of the last event on the task's timeline (the SSE id
 	// of its newest event).
-	TimelineSeq   int64 `protobuf:"varint,23,opt,name=timeline_seq,json=timelineSeq,proto3" json:"timeline_seq,omitempty"`
+	TimelineSeq int64 `protobuf:"varint,23,opt,name=timeline_seq,json=timelineSeq,proto3" json:"timeline_seq,omitempty"`
+	// Number of the current (or last) run: 1 for the first, one more for each
+	// follow-up that started.
+	Run int32 `protobuf:"varint,24,opt,name=run,proto3" json:"run,omitempty"`
+	// Every run of the task, oldest first.
+	Runs          []*TaskRun `protobuf:"bytes,25,rep,name=runs,proto3" json:"runs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -583,6 +588,275 @@ func (x *Task) GetTimelineSeq() int64 {
 	return 0
 }
 
+func (x *Task) GetRun() int32 {
+	if x != nil {
+		return x.Run
+	}
+	return 0
+}
+
+func (x *Task) GetRuns() []*TaskRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+// TaskRun is one run of a task: the first, or a follow-up.
+type TaskRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1, 2, 3 …
+	Number int32 `protobuf:"varint,1,opt,name=number,proto3" json:"number,omitempty"`
+	// "create", "api", "review" or "comment".
+	Trigger string `protobuf:"bytes,2,opt,name=trigger,proto3" json:"trigger,omitempty"`
+	// The follow-up's prompt (empty for the first run: the task's prompt).
+	Prompt string `protobuf:"bytes,3,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// "pending" (waiting behind an active run), "running", "finished", "failed".
+	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	// Diff stats reported during this run.
+	DiffStats *DiffStats `protobuf:"bytes,5,opt,name=diff_stats,json=diffStats,proto3" json:"diff_stats,omitempty"`
+	// Usage during this run.
+	Usage *Usage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
+	// When the follow-up was asked for.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// Who asked ("user:<owner>" or "github:<login>").
+	RequestedBy   string `protobuf:"bytes,8,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskRun) Reset() {
+	*x = TaskRun{}
+	mi := &file_taskrunner_v1_task_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskRun) ProtoMessage() {}
+
+func (x *TaskRun) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_task_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskRun.ProtoReflect.Descriptor instead.
+func (*TaskRun) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TaskRun) GetNumber() int32 {
+	if x != nil {
+		return x.Number
+	}
+	return 0
+}
+
+func (x *TaskRun) GetTrigger() string {
+	if x != nil {
+		return x.Trigger
+	}
+	return ""
+}
+
+func (x *TaskRun) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *TaskRun) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *TaskRun) GetDiffStats() *DiffStats {
+	if x != nil {
+		return x.DiffStats
+	}
+	return nil
+}
+
+func (x *TaskRun) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *TaskRun) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *TaskRun) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+// FollowUpTaskRequest asks for a follow-up run.
+type FollowUpTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task id.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// What to change. Required, at most 32 KiB.
+	Prompt string `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// Idempotency key: repeating it returns the same run.
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Internal callers (the webhook): "review" or "comment"; default "api".
+	Trigger string `protobuf:"bytes,4,opt,name=trigger,proto3" json:"trigger,omitempty"`
+	// Internal callers: who asked, e.g. "github:alice".
+	RequestedBy   string `protobuf:"bytes,5,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowUpTaskRequest) Reset() {
+	*x = FollowUpTaskRequest{}
+	mi := &file_taskrunner_v1_task_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowUpTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowUpTaskRequest) ProtoMessage() {}
+
+func (x *FollowUpTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_task_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowUpTaskRequest.ProtoReflect.Descriptor instead.
+func (*FollowUpTaskRequest) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *FollowUpTaskRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *FollowUpTaskRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *FollowUpTaskRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *FollowUpTaskRequest) GetTrigger() string {
+	if x != nil {
+		return x.Trigger
+	}
+	return ""
+}
+
+func (x *FollowUpTaskRequest) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+// FollowUpTaskResponse carries the task and its new run.
+type FollowUpTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task.
+	Task *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	// The run that was started or queued.
+	Run *TaskRun `protobuf:"bytes,2,opt,name=run,proto3" json:"run,omitempty"`
+	// False when request_id had already been used (nothing new happened).
+	Created       bool `protobuf:"varint,3,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowUpTaskResponse) Reset() {
+	*x = FollowUpTaskResponse{}
+	mi := &file_taskrunner_v1_task_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowUpTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowUpTaskResponse) ProtoMessage() {}
+
+func (x *FollowUpTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_task_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowUpTaskResponse.ProtoReflect.Descriptor instead.
+func (*FollowUpTaskResponse) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *FollowUpTaskResponse) GetTask() *Task {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+func (x *FollowUpTaskResponse) GetRun() *TaskRun {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *FollowUpTaskResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
 // CreateTaskRequest describes a new task.
 type CreateTaskRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -604,7 +878,7 @@ type CreateTaskRequest struct {
 
 func (x *CreateTaskRequest) Reset() {
 	*x = CreateTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[3]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +890,7 @@ func (x *CreateTaskRequest) String() string {
 func (*CreateTaskRequest) ProtoMessage() {}
 
 func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[3]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +903,7 @@ func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
 func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{3}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateTaskRequest) GetRepo() string {
@@ -685,7 +959,7 @@ type CreateTaskResponse struct {
 
 func (x *CreateTaskResponse) Reset() {
 	*x = CreateTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[4]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +971,7 @@ func (x *CreateTaskResponse) String() string {
 func (*CreateTaskResponse) ProtoMessage() {}
 
 func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[4]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +984,7 @@ func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskResponse.ProtoReflect.Descriptor instead.
 func (*CreateTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{4}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateTaskResponse) GetTask() *Task {
@@ -731,7 +1005,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[5]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +1017,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[5]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1030,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{5}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -777,7 +1051,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[6]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +1063,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[6]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +1076,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{6}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -829,7 +1103,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[7]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +1115,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[7]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +1128,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{7}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListTasksRequest) GetPageSize() int32 {
@@ -898,7 +1172,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[8]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1184,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[8]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1197,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{8}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -951,7 +1225,7 @@ type DispatchTaskRequest struct {
 
 func (x *DispatchTaskRequest) Reset() {
 	*x = DispatchTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[9]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1237,7 @@ func (x *DispatchTaskRequest) String() string {
 func (*DispatchTaskRequest) ProtoMessage() {}
 
 func (x *DispatchTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[9]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1250,7 @@ func (x *DispatchTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchTaskRequest.ProtoReflect.Descriptor instead.
 func (*DispatchTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{9}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DispatchTaskRequest) GetId() string {
@@ -997,7 +1271,7 @@ type DispatchTaskResponse struct {
 
 func (x *DispatchTaskResponse) Reset() {
 	*x = DispatchTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[10]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1283,7 @@ func (x *DispatchTaskResponse) String() string {
 func (*DispatchTaskResponse) ProtoMessage() {}
 
 func (x *DispatchTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[10]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1296,7 @@ func (x *DispatchTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchTaskResponse.ProtoReflect.Descriptor instead.
 func (*DispatchTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{10}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DispatchTaskResponse) GetTask() *Task {
@@ -1045,7 +1319,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[11]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1331,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[11]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1344,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{11}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CancelTaskRequest) GetId() string {
@@ -1098,7 +1372,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[12]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1384,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[12]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1397,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{12}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelTaskResponse) GetTask() *Task {
@@ -1146,7 +1420,7 @@ type RetryTaskRequest struct {
 
 func (x *RetryTaskRequest) Reset() {
 	*x = RetryTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[13]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1158,7 +1432,7 @@ func (x *RetryTaskRequest) String() string {
 func (*RetryTaskRequest) ProtoMessage() {}
 
 func (x *RetryTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[13]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1445,7 @@ func (x *RetryTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryTaskRequest.ProtoReflect.Descriptor instead.
 func (*RetryTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{13}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RetryTaskRequest) GetId() string {
@@ -1199,7 +1473,7 @@ type RetryTaskResponse struct {
 
 func (x *RetryTaskResponse) Reset() {
 	*x = RetryTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[14]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1485,7 @@ func (x *RetryTaskResponse) String() string {
 func (*RetryTaskResponse) ProtoMessage() {}
 
 func (x *RetryTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[14]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1498,7 @@ func (x *RetryTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryTaskResponse.ProtoReflect.Descriptor instead.
 func (*RetryTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{14}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RetryTaskResponse) GetTask() *Task {
@@ -1274,7 +1548,7 @@ type AdvanceTaskRequest struct {
 
 func (x *AdvanceTaskRequest) Reset() {
 	*x = AdvanceTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[15]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1560,7 @@ func (x *AdvanceTaskRequest) String() string {
 func (*AdvanceTaskRequest) ProtoMessage() {}
 
 func (x *AdvanceTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[15]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1299,7 +1573,7 @@ func (x *AdvanceTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceTaskRequest.ProtoReflect.Descriptor instead.
 func (*AdvanceTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{15}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AdvanceTaskRequest) GetTaskId() string {
@@ -1413,7 +1687,7 @@ type AdvanceTaskResponse struct {
 
 func (x *AdvanceTaskResponse) Reset() {
 	*x = AdvanceTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[16]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1699,7 @@ func (x *AdvanceTaskResponse) String() string {
 func (*AdvanceTaskResponse) ProtoMessage() {}
 
 func (x *AdvanceTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[16]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1712,7 @@ func (x *AdvanceTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceTaskResponse.ProtoReflect.Descriptor instead.
 func (*AdvanceTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{16}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AdvanceTaskResponse) GetTask() *Task {
@@ -1468,7 +1742,7 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\bcost_usd\x18\x01 \x01(\x01R\acostUsd\x12\x1b\n" +
 	"\ttokens_in\x18\x02 \x01(\x03R\btokensIn\x12\x1d\n" +
 	"\n" +
-	"tokens_out\x18\x03 \x01(\x03R\ttokensOut\"\x80\a\n" +
+	"tokens_out\x18\x03 \x01(\x03R\ttokensOut\"\xbe\a\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x12\n" +
@@ -1498,7 +1772,31 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\vupdate_time\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12%\n" +
 	"\x0equeue_position\x18\x16 \x01(\x03R\rqueuePosition\x12!\n" +
-	"\ftimeline_seq\x18\x17 \x01(\x03R\vtimelineSeq\"\xc7\x01\n" +
+	"\ftimeline_seq\x18\x17 \x01(\x03R\vtimelineSeq\x12\x10\n" +
+	"\x03run\x18\x18 \x01(\x05R\x03run\x12*\n" +
+	"\x04runs\x18\x19 \x03(\v2\x16.taskrunner.v1.TaskRunR\x04runs\"\xae\x02\n" +
+	"\aTaskRun\x12\x16\n" +
+	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x18\n" +
+	"\atrigger\x18\x02 \x01(\tR\atrigger\x12\x16\n" +
+	"\x06prompt\x18\x03 \x01(\tR\x06prompt\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x127\n" +
+	"\n" +
+	"diff_stats\x18\x05 \x01(\v2\x18.taskrunner.v1.DiffStatsR\tdiffStats\x12*\n" +
+	"\x05usage\x18\x06 \x01(\v2\x14.taskrunner.v1.UsageR\x05usage\x12;\n" +
+	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12!\n" +
+	"\frequested_by\x18\b \x01(\tR\vrequestedBy\"\x99\x01\n" +
+	"\x13FollowUpTaskRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x18\n" +
+	"\atrigger\x18\x04 \x01(\tR\atrigger\x12!\n" +
+	"\frequested_by\x18\x05 \x01(\tR\vrequestedBy\"\x83\x01\n" +
+	"\x14FollowUpTaskResponse\x12'\n" +
+	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\x12(\n" +
+	"\x03run\x18\x02 \x01(\v2\x16.taskrunner.v1.TaskRunR\x03run\x12\x18\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"\xc7\x01\n" +
 	"\x11CreateTaskRequest\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x1f\n" +
 	"\vbase_branch\x18\x02 \x01(\tR\n" +
@@ -1578,7 +1876,7 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\x05Agent\x12\x15\n" +
 	"\x11AGENT_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fAGENT_CLAUDE\x10\x01\x12\x0f\n" +
-	"\vAGENT_CODEX\x10\x022\xcc\x04\n" +
+	"\vAGENT_CODEX\x10\x022\xa5\x05\n" +
 	"\vTaskService\x12Q\n" +
 	"\n" +
 	"CreateTask\x12 .taskrunner.v1.CreateTaskRequest\x1a!.taskrunner.v1.CreateTaskResponse\x12H\n" +
@@ -1588,7 +1886,8 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"CancelTask\x12 .taskrunner.v1.CancelTaskRequest\x1a!.taskrunner.v1.CancelTaskResponse\x12N\n" +
 	"\tRetryTask\x12\x1f.taskrunner.v1.RetryTaskRequest\x1a .taskrunner.v1.RetryTaskResponse\x12T\n" +
-	"\vAdvanceTask\x12!.taskrunner.v1.AdvanceTaskRequest\x1a\".taskrunner.v1.AdvanceTaskResponseBGZEgithub.com/taskrunner/taskrunner/proto/gen/taskrunner/v1;taskrunnerv1b\x06proto3"
+	"\vAdvanceTask\x12!.taskrunner.v1.AdvanceTaskRequest\x1a\".taskrunner.v1.AdvanceTaskResponse\x12W\n" +
+	"\fFollowUpTask\x12\".taskrunner.v1.FollowUpTaskRequest\x1a#.taskrunner.v1.FollowUpTaskResponseBGZEgithub.com/taskrunner/taskrunner/proto/gen/taskrunner/v1;taskrunnerv1b\x06proto3"
 
 var (
 	file_taskrunner_v1_task_proto_rawDescOnce sync.Once
@@ -1603,7 +1902,7 @@ func file_taskrunner_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_taskrunner_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_taskrunner_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_taskrunner_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_taskrunner_v1_task_proto_goTypes = []any{
 	(TaskStatus)(0),               // 0: taskrunner.v1.TaskStatus
 	(TaskStage)(0),                // 1: taskrunner.v1.TaskStage
@@ -1611,21 +1910,24 @@ var file_taskrunner_v1_task_proto_goTypes = []any{
 	(*DiffStats)(nil),             // 3: taskrunner.v1.DiffStats
 	(*Usage)(nil),                 // 4: taskrunner.v1.Usage
 	(*Task)(nil),                  // 5: taskrunner.v1.Task
-	(*CreateTaskRequest)(nil),     // 6: taskrunner.v1.CreateTaskRequest
-	(*CreateTaskResponse)(nil),    // 7: taskrunner.v1.CreateTaskResponse
-	(*GetTaskRequest)(nil),        // 8: taskrunner.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),       // 9: taskrunner.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),      // 10: taskrunner.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),     // 11: taskrunner.v1.ListTasksResponse
-	(*DispatchTaskRequest)(nil),   // 12: taskrunner.v1.DispatchTaskRequest
-	(*DispatchTaskResponse)(nil),  // 13: taskrunner.v1.DispatchTaskResponse
-	(*CancelTaskRequest)(nil),     // 14: taskrunner.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),    // 15: taskrunner.v1.CancelTaskResponse
-	(*RetryTaskRequest)(nil),      // 16: taskrunner.v1.RetryTaskRequest
-	(*RetryTaskResponse)(nil),     // 17: taskrunner.v1.RetryTaskResponse
-	(*AdvanceTaskRequest)(nil),    // 18: taskrunner.v1.AdvanceTaskRequest
-	(*AdvanceTaskResponse)(nil),   // 19: taskrunner.v1.AdvanceTaskResponse
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*TaskRun)(nil),               // 6: taskrunner.v1.TaskRun
+	(*FollowUpTaskRequest)(nil),   // 7: taskrunner.v1.FollowUpTaskRequest
+	(*FollowUpTaskResponse)(nil),  // 8: taskrunner.v1.FollowUpTaskResponse
+	(*CreateTaskRequest)(nil),     // 9: taskrunner.v1.CreateTaskRequest
+	(*CreateTaskResponse)(nil),    // 10: taskrunner.v1.CreateTaskResponse
+	(*GetTaskRequest)(nil),        // 11: taskrunner.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),       // 12: taskrunner.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),      // 13: taskrunner.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),     // 14: taskrunner.v1.ListTasksResponse
+	(*DispatchTaskRequest)(nil),   // 15: taskrunner.v1.DispatchTaskRequest
+	(*DispatchTaskResponse)(nil),  // 16: taskrunner.v1.DispatchTaskResponse
+	(*CancelTaskRequest)(nil),     // 17: taskrunner.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),    // 18: taskrunner.v1.CancelTaskResponse
+	(*RetryTaskRequest)(nil),      // 19: taskrunner.v1.RetryTaskRequest
+	(*RetryTaskResponse)(nil),     // 20: taskrunner.v1.RetryTaskResponse
+	(*AdvanceTaskRequest)(nil),    // 21: taskrunner.v1.AdvanceTaskRequest
+	(*AdvanceTaskResponse)(nil),   // 22: taskrunner.v1.AdvanceTaskResponse
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_taskrunner_v1_task_proto_depIdxs = []int32{
 	2,  // 0: taskrunner.v1.Task.agent:type_name -> taskrunner.v1.Agent
@@ -1633,41 +1935,49 @@ var file_taskrunner_v1_task_proto_depIdxs = []int32{
 	1,  // 2: taskrunner.v1.Task.stage:type_name -> taskrunner.v1.TaskStage
 	3,  // 3: taskrunner.v1.Task.diff_stats:type_name -> taskrunner.v1.DiffStats
 	4,  // 4: taskrunner.v1.Task.usage:type_name -> taskrunner.v1.Usage
-	20, // 5: taskrunner.v1.Task.deadline_time:type_name -> google.protobuf.Timestamp
-	20, // 6: taskrunner.v1.Task.heartbeat_time:type_name -> google.protobuf.Timestamp
-	20, // 7: taskrunner.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	20, // 8: taskrunner.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	2,  // 9: taskrunner.v1.CreateTaskRequest.agent:type_name -> taskrunner.v1.Agent
-	5,  // 10: taskrunner.v1.CreateTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 11: taskrunner.v1.GetTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 12: taskrunner.v1.ListTasksResponse.tasks:type_name -> taskrunner.v1.Task
-	5,  // 13: taskrunner.v1.DispatchTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 14: taskrunner.v1.CancelTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 15: taskrunner.v1.RetryTaskResponse.task:type_name -> taskrunner.v1.Task
-	0,  // 16: taskrunner.v1.AdvanceTaskRequest.status:type_name -> taskrunner.v1.TaskStatus
-	1,  // 17: taskrunner.v1.AdvanceTaskRequest.stage:type_name -> taskrunner.v1.TaskStage
-	3,  // 18: taskrunner.v1.AdvanceTaskRequest.diff_stats:type_name -> taskrunner.v1.DiffStats
-	4,  // 19: taskrunner.v1.AdvanceTaskRequest.usage:type_name -> taskrunner.v1.Usage
-	5,  // 20: taskrunner.v1.AdvanceTaskResponse.task:type_name -> taskrunner.v1.Task
-	6,  // 21: taskrunner.v1.TaskService.CreateTask:input_type -> taskrunner.v1.CreateTaskRequest
-	8,  // 22: taskrunner.v1.TaskService.GetTask:input_type -> taskrunner.v1.GetTaskRequest
-	10, // 23: taskrunner.v1.TaskService.ListTasks:input_type -> taskrunner.v1.ListTasksRequest
-	12, // 24: taskrunner.v1.TaskService.DispatchTask:input_type -> taskrunner.v1.DispatchTaskRequest
-	14, // 25: taskrunner.v1.TaskService.CancelTask:input_type -> taskrunner.v1.CancelTaskRequest
-	16, // 26: taskrunner.v1.TaskService.RetryTask:input_type -> taskrunner.v1.RetryTaskRequest
-	18, // 27: taskrunner.v1.TaskService.AdvanceTask:input_type -> taskrunner.v1.AdvanceTaskRequest
-	7,  // 28: taskrunner.v1.TaskService.CreateTask:output_type -> taskrunner.v1.CreateTaskResponse
-	9,  // 29: taskrunner.v1.TaskService.GetTask:output_type -> taskrunner.v1.GetTaskResponse
-	11, // 30: taskrunner.v1.TaskService.ListTasks:output_type -> taskrunner.v1.ListTasksResponse
-	13, // 31: taskrunner.v1.TaskService.DispatchTask:output_type -> taskrunner.v1.DispatchTaskResponse
-	15, // 32: taskrunner.v1.TaskService.CancelTask:output_type -> taskrunner.v1.CancelTaskResponse
-	17, // 33: taskrunner.v1.TaskService.RetryTask:output_type -> taskrunner.v1.RetryTaskResponse
-	19, // 34: taskrunner.v1.TaskService.AdvanceTask:output_type -> taskrunner.v1.AdvanceTaskResponse
-	28, // [28:35] is the sub-list for method output_type
-	21, // [21:28] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	23, // 5: taskrunner.v1.Task.deadline_time:type_name -> google.protobuf.Timestamp
+	23, // 6: taskrunner.v1.Task.heartbeat_time:type_name -> google.protobuf.Timestamp
+	23, // 7: taskrunner.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	23, // 8: taskrunner.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	6,  // 9: taskrunner.v1.Task.runs:type_name -> taskrunner.v1.TaskRun
+	3,  // 10: taskrunner.v1.TaskRun.diff_stats:type_name -> taskrunner.v1.DiffStats
+	4,  // 11: taskrunner.v1.TaskRun.usage:type_name -> taskrunner.v1.Usage
+	23, // 12: taskrunner.v1.TaskRun.create_time:type_name -> google.protobuf.Timestamp
+	5,  // 13: taskrunner.v1.FollowUpTaskResponse.task:type_name -> taskrunner.v1.Task
+	6,  // 14: taskrunner.v1.FollowUpTaskResponse.run:type_name -> taskrunner.v1.TaskRun
+	2,  // 15: taskrunner.v1.CreateTaskRequest.agent:type_name -> taskrunner.v1.Agent
+	5,  // 16: taskrunner.v1.CreateTaskResponse.task:type_name -> taskrunner.v1.Task
+	5,  // 17: taskrunner.v1.GetTaskResponse.task:type_name -> taskrunner.v1.Task
+	5,  // 18: taskrunner.v1.ListTasksResponse.tasks:type_name -> taskrunner.v1.Task
+	5,  // 19: taskrunner.v1.DispatchTaskResponse.task:type_name -> taskrunner.v1.Task
+	5,  // 20: taskrunner.v1.CancelTaskResponse.task:type_name -> taskrunner.v1.Task
+	5,  // 21: taskrunner.v1.RetryTaskResponse.task:type_name -> taskrunner.v1.Task
+	0,  // 22: taskrunner.v1.AdvanceTaskRequest.status:type_name -> taskrunner.v1.TaskStatus
+	1,  // 23: taskrunner.v1.AdvanceTaskRequest.stage:type_name -> taskrunner.v1.TaskStage
+	3,  // 24: taskrunner.v1.AdvanceTaskRequest.diff_stats:type_name -> taskrunner.v1.DiffStats
+	4,  // 25: taskrunner.v1.AdvanceTaskRequest.usage:type_name -> taskrunner.v1.Usage
+	5,  // 26: taskrunner.v1.AdvanceTaskResponse.task:type_name -> taskrunner.v1.Task
+	9,  // 27: taskrunner.v1.TaskService.CreateTask:input_type -> taskrunner.v1.CreateTaskRequest
+	11, // 28: taskrunner.v1.TaskService.GetTask:input_type -> taskrunner.v1.GetTaskRequest
+	13, // 29: taskrunner.v1.TaskService.ListTasks:input_type -> taskrunner.v1.ListTasksRequest
+	15, // 30: taskrunner.v1.TaskService.DispatchTask:input_type -> taskrunner.v1.DispatchTaskRequest
+	17, // 31: taskrunner.v1.TaskService.CancelTask:input_type -> taskrunner.v1.CancelTaskRequest
+	19, // 32: taskrunner.v1.TaskService.RetryTask:input_type -> taskrunner.v1.RetryTaskRequest
+	21, // 33: taskrunner.v1.TaskService.AdvanceTask:input_type -> taskrunner.v1.AdvanceTaskRequest
+	7,  // 34: taskrunner.v1.TaskService.FollowUpTask:input_type -> taskrunner.v1.FollowUpTaskRequest
+	10, // 35: taskrunner.v1.TaskService.CreateTask:output_type -> taskrunner.v1.CreateTaskResponse
+	12, // 36: taskrunner.v1.TaskService.GetTask:output_type -> taskrunner.v1.GetTaskResponse
+	14, // 37: taskrunner.v1.TaskService.ListTasks:output_type -> taskrunner.v1.ListTasksResponse
+	16, // 38: taskrunner.v1.TaskService.DispatchTask:output_type -> taskrunner.v1.DispatchTaskResponse
+	18, // 39: taskrunner.v1.TaskService.CancelTask:output_type -> taskrunner.v1.CancelTaskResponse
+	20, // 40: taskrunner.v1.TaskService.RetryTask:output_type -> taskrunner.v1.RetryTaskResponse
+	22, // 41: taskrunner.v1.TaskService.AdvanceTask:output_type -> taskrunner.v1.AdvanceTaskResponse
+	8,  // 42: taskrunner.v1.TaskService.FollowUpTask:output_type -> taskrunner.v1.FollowUpTaskResponse
+	35, // [35:43] is the sub-list for method output_type
+	27, // [27:35] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_taskrunner_v1_task_proto_init() }
@@ -1681,7 +1991,7 @@ func file_taskrunner_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskrunner_v1_task_proto_rawDesc), len(file_taskrunner_v1_task_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	TaskService_CancelTask_FullMethodName   = "/taskrunner.v1.TaskService/CancelTask"
 	TaskService_RetryTask_FullMethodName    = "/taskrunner.v1.TaskService/RetryTask"
 	TaskService_AdvanceTask_FullMethodName  = "/taskrunner.v1.TaskService/AdvanceTask"
+	TaskService_FollowUpTask_FullMethodName = "/taskrunner.v1.TaskService/FollowUpTask"
 )
 
 // TaskServiceClient is the client API for TaskService service.
@@ -56,6 +57,11 @@ type TaskServiceClient interface {
 	// the Events, Dispatch and webhook paths. Idempotent per (task_id, seq) or
 	// request_id; illegal transitions are FailedPrecondition and change nothing.
 	AdvanceTask(ctx context.Context, in *AdvanceTaskRequest, opts ...grpc.CallOption) (*AdvanceTaskResponse, error)
+	// FollowUpTask starts a new run of a task on its branch and pull request
+	// (awaiting review, or failed with a pull request): the agent revises the
+	// change from the prompt. Idempotent by request_id. A follow-up sent while
+	// a run is active waits behind it.
+	FollowUpTask(ctx context.Context, in *FollowUpTaskRequest, opts ...grpc.CallOption) (*FollowUpTaskResponse, error)
 }
 
 type taskServiceClient struct {
@@ -136,6 +142,16 @@ func (c *taskServiceClient) AdvanceTask(ctx context.Context, in *AdvanceTaskRequ
 	return out, nil
 }
 
+func (c *taskServiceClient) FollowUpTask(ctx context.Context, in *FollowUpTaskRequest, opts ...grpc.CallOption) (*FollowUpTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FollowUpTaskResponse)
+	err := c.cc.Invoke(ctx, TaskService_FollowUpTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TaskServiceServer is the server API for TaskService service.
 // All implementations must embed UnimplementedTaskServiceServer
 // for forward compatibility.
@@ -164,6 +180,11 @@ type TaskServiceServer interface {
 	// the Events, Dispatch and webhook paths. Idempotent per (task_id, seq) or
 	// request_id; illegal transitions are FailedPrecondition and change nothing.
 	AdvanceTask(context.Context, *AdvanceTaskRequest) (*AdvanceTaskResponse, error)
+	// FollowUpTask starts a new run of a task on its branch and pull request
+	// (awaiting review, or failed with a pull request): the agent revises the
+	// change from the prompt. Idempotent by request_id. A follow-up sent while
+	// a run is active waits behind it.
+	FollowUpTask(context.Context, *FollowUpTaskRequest) (*FollowUpTaskResponse, error)
 	mustEmbedUnimplementedTaskServiceServer()
 }
 
@@ -194,6 +215,9 @@ func (UnimplementedTaskServiceServer) RetryTask(context.Context, *RetryTaskReque
 }
 func (UnimplementedTaskServiceServer) AdvanceTask(context.Context, *AdvanceTaskRequest) (*AdvanceTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AdvanceTask not implemented")
+}
+func (UnimplementedTaskServiceServer) FollowUpTask(context.Context, *FollowUpTaskRequest) (*FollowUpTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FollowUpTask not implemented")
 }
 func (UnimplementedTaskServiceServer) mustEmbedUnimplementedTaskServiceServer() {}
 func (UnimplementedTaskServiceServer) testEmbeddedByValue()                     {}
@@ -342,6 +366,24 @@ func _TaskService_AdvanceTask_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TaskService_FollowUpTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FollowUpTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TaskServiceServer).FollowUpTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TaskService_FollowUpTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TaskServiceServer).FollowUpTask(ctx, req.(*FollowUpTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TaskService_ServiceDesc is the grpc.ServiceDesc for TaskService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -376,6 +418,10 @@ var TaskService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AdvanceTask",
 			Handler:    _TaskService_AdvanceTask_Handler,
+		},
+		{
+			MethodName: "FollowUpTask",
+			Handler:    _TaskService_FollowUpTask_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
