@@ -162,6 +162,8 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		"TASKRUNNER_RUNNER_CA_FILE=" + abs(paths.CACert),
 		"TASKRUNNER_RUNNER_CA_KEY_FILE=" + abs(paths.CAKey),
 		"TASKRUNNER_RUNNER_EVENTS_ADDR=" + runnerAddr,
+		// Every model call of a sandbox goes through the control plane's model proxy.
+		"TASKRUNNER_MODEL_PROXY_ADDR=" + envOr("TASKRUNNER_MODEL_PROXY_ADDR", "127.0.0.1:7444"),
 		"TASKRUNNER_RUNNER_SERVER_NAME=localhost",
 		"TASKRUNNER_PROCESS_RUNNER_BIN=" + bin("runner"),
 		"TASKRUNNER_PROCESS_WORK_ROOT=" + abs(filepath.Join(*dir, "sandboxes")),
@@ -207,7 +209,8 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 			return err
 		}
 		modelURL = "http://" + modelAddr + " (scripted demo model)"
-		env = append(env, "ANTHROPIC_BASE_URL=http://"+modelAddr, "ANTHROPIC_API_KEY=offline-demo-key")
+		// The model proxy forwards to it; sandboxes never see its address or key.
+		env = append(env, "TASKRUNNER_ANTHROPIC_UPSTREAM=http://"+modelAddr, "ANTHROPIC_API_KEY=offline-demo-key")
 	}
 	// Codex speaks the OpenAI Responses API: a second scripted server with
 	// the Codex demo script, unless OPENAI_API_KEY selects the real one.
@@ -221,7 +224,7 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 			return err
 		}
 		modelURL += ", http://" + codexAddr + "/v1 (scripted Codex model)"
-		env = append(env, "OPENAI_BASE_URL=http://"+codexAddr+"/v1", "OPENAI_API_KEY=offline-demo-key")
+		env = append(env, "TASKRUNNER_OPENAI_UPSTREAM=http://"+codexAddr, "OPENAI_API_KEY=offline-demo-key")
 	}
 
 	// GitHub: the real one when App or token settings are given, otherwise
