@@ -52,6 +52,9 @@ func run(args []string, stderr io.Writer) error {
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	services := fs.String("services", "", "services to serve (overrides TASKRUNNER_SERVICES)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // usage printed; help is not a failure
+		}
 		return err
 	}
 	cfg, err := config.Load()

@@ -31,8 +31,13 @@ import (
 func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: devstack deps|up [flags]")
+		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "-h", "-help", "--help", "help":
+		fmt.Print(usage)
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -45,11 +50,29 @@ func main() {
 	default:
 		err = fmt.Errorf("unknown command %q (want deps or up)", os.Args[1])
 	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // the flags were printed
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devstack:", err)
 		os.Exit(1)
 	}
 }
+
+// usage names the environment variables devstack reads, never their values.
+const usage = `usage: devstack deps [--dev-dir DIR]
+       devstack up [--dev-dir DIR] [--bin-dir DIR]
+
+deps  finds or starts PostgreSQL and Redis for the tests and prints export
+      lines (TEST_DATABASE_URL, TEST_REDIS_URL).
+up    runs the whole stack locally (make run): PostgreSQL, Redis, taskrunnerd,
+      the gateway, the forge and the scripted model APIs. Addresses come from
+      TASKRUNNER_HTTP_ADDR, TASKRUNNER_GRPC_ADDR, TASKRUNNER_RUNNER_GRPC_ADDR,
+      DEVSTACK_FORGE_ADDR, DEVSTACK_MODELAPI_ADDR, DEVSTACK_CODEX_MODELAPI_ADDR;
+      ANTHROPIC_API_KEY / OPENAI_API_KEY, when set, use the real model APIs.
+
+Run "devstack deps --help" or "devstack up --help" for the flags.
+`
 
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
