@@ -189,15 +189,16 @@ func nodeBin(t *testing.T, cli string) string {
 }
 
 type harness struct {
-	t       *testing.T
-	forge   *forge.Forge
-	forgeTS *httptest.Server
-	model   *modelapi.Server
-	rep     *fakeReporter
-	tokens  repotoken.Source
-	opts    stages.Options
-	taskID  string
-	minted  *forgeTokens
+	t        *testing.T
+	forge    *forge.Forge
+	forgeTS  *httptest.Server
+	model    *modelapi.Server
+	modelURL string
+	rep      *fakeReporter
+	tokens   repotoken.Source
+	opts     stages.Options
+	taskID   string
+	minted   *forgeTokens
 }
 
 type setup struct {
@@ -216,7 +217,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	if s.agent == "" {
 		s.agent = agentClaude
 	}
-	bin := nodeBin(t, s.agent)
+	nodeBin(t, s.agent)
 	if s.repo == "" {
 		s.repo = owner + "/" + repoName
 	}
@@ -240,6 +241,23 @@ func newHarness(t *testing.T, s setup) *harness {
 	mts := httptest.NewServer(model)
 	t.Cleanup(mts.Close)
 
+	taskID := strings.ReplaceAll(strings.ToLower(t.Name()), "/", "-")
+	taskID = strings.NewReplacer("_", "-").Replace(taskID)
+	h := &harness{t: t, forge: f, forgeTS: fts, model: model, modelURL: mts.URL, rep: newFakeReporter(), taskID: taskID}
+	h.minted = &forgeTokens{f: f, url: fts.URL, repo: s.repo, scope: []string{repoName}}
+	h.tokens = h.minted
+	if s.tokens != nil {
+		h.tokens = s.tokens(h)
+	}
+	h.opts = h.sandbox(s, false)
+	return h
+}
+
+// sandbox prepares a new sandbox for the task (a new work directory, agent HOME and
+// checkout), as every run gets, and returns the options of a run in it.
+func (h *harness) sandbox(s setup, followUp bool) stages.Options {
+	t := h.t
+	bin := nodeBin(t, s.agent)
 	// Not t.TempDir: its parent is 0700 and the unprivileged agent could not reach the checkout.
 	root, err := os.MkdirTemp("", "runner-stages-")
 	require.NoError(t, err)
@@ -251,18 +269,9 @@ func newHarness(t *testing.T, s setup) *harness {
 	}
 	home, repo, err := stages.PrepareDirs(filepath.Join(root, "task"), user)
 	require.NoError(t, err)
-
-	taskID := strings.ReplaceAll(strings.ToLower(t.Name()), "/", "-")
-	taskID = strings.NewReplacer("_", "-").Replace(taskID)
-	h := &harness{t: t, forge: f, forgeTS: fts, model: model, rep: newFakeReporter(), taskID: taskID}
-	h.minted = &forgeTokens{f: f, url: fts.URL, repo: s.repo, scope: []string{repoName}}
-	h.tokens = h.minted
-	if s.tokens != nil {
-		h.tokens = s.tokens(h)
-	}
 	red, err := redact.New(s.patterns)
 	require.NoError(t, err)
-	environ := []string{"PATH=" + os.Getenv("PATH"), "ANTHROPIC_BASE_URL=" + mts.URL, "ANTHROPIC_API_KEY=sk-ant-test-key-0123456789abcdef"}
+	environ := []string{"PATH=" + os.Getenv("PATH"), "ANTHROPIC_BASE_URL=" + h.modelURL, "ANTHROPIC_API_KEY=sk-ant-test-key-0123456789abcdef"}
 	red.AddLiteral("sk-ant-test-key-0123456789abcdef")
 	red.AddLiteral(openAIKey)
 	extra := []string{bin}
@@ -272,7 +281,7 @@ func newHarness(t *testing.T, s setup) *harness {
 		ag = codex.New(codex.Config{
 			Bin: filepath.Join(bin, "codex"), Dir: repo, Home: filepath.Join(home, ".codex"),
 			Env: stages.AgentEnv(environ, home, extra, false), User: user,
-			BaseURL: mts.URL + "/v1", APIKey: openAIKey, Prices: codexPrices, MaxBudgetUSD: s.budget, Retries: -1,
+			BaseURL: h.modelURL + "/v1", APIKey: openAIKey, Prices: codexPrices, MaxBudgetUSD: s.budget, Retries: -1,
 		})
 	default:
 		ag = claude.New(claude.Config{
@@ -280,21 +289,20 @@ func newHarness(t *testing.T, s setup) *harness {
 			User: user, MaxTurns: s.maxTurns, MaxBudgetUSD: s.budget,
 		})
 	}
-	h.opts = stages.Options{
-		Task:     stages.Task{ID: taskID, Repo: s.repo, BaseBranch: "main", Prompt: demoPrompt, TraceParent: traceParent, MaxBudgetUSD: s.budget},
+	return stages.Options{
+		Task:     stages.Task{ID: h.taskID, Repo: s.repo, BaseBranch: "main", Prompt: demoPrompt, TraceParent: traceParent, MaxBudgetUSD: s.budget},
 		Reporter: h.rep,
 		Tokens:   h.tokens,
 		Agent:    ag,
 		Workspace: workspace.New(workspace.Config{
-			Dir: repo, Env: stages.BaseEnv(environ, home, extra), User: user, TaskID: taskID, BaseBranch: "main",
+			Dir: repo, Env: stages.BaseEnv(environ, home, extra), User: user, TaskID: h.taskID, BaseBranch: "main", FollowUp: followUp,
 		}),
 		OpenSpecBin:  filepath.Join(bin, "openspec"),
 		OpenSpecTool: s.agent,
 		Redactor:     red,
 		Logger:       slog.New(slog.NewTextHandler(slogTestWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		HTTPClient:   fts.Client(),
+		HTTPClient:   h.forgeTS.Client(),
 	}
-	return h
 }
 
 func (h *harness) run(ctx context.Context) stages.Outcome {
