@@ -319,7 +319,9 @@ func TestConnectRefusesWrongIdentity(t *testing.T) {
 	taskA := e.runningTask(t, "alice")
 	taskB := e.runningTask(t, "alice")
 	done := e.runningTask(t, "alice")
-	_, _, err := e.tasks.Advance(context.Background(), done, "", task.Advance{Status: task.StatusFailed, FailedReason: "timeout", RequestID: "reaper"})
+	// Cancelled: a task the control plane failed still takes its late
+	// runner (TestSalvagedPullRequestIsRecordedOnAFailedTask).
+	_, _, err := e.tasks.Advance(context.Background(), done, "", task.Advance{Status: task.StatusCancelled, FailedReason: "user", RequestID: "cancel"})
 	require.NoError(t, err)
 	otherCA, err := pki.NewCA(trustDomain, time.Hour)
 	require.NoError(t, err)
@@ -348,7 +350,7 @@ func TestConnectRefusesWrongIdentity(t *testing.T) {
 			cfg: func() *tls.Config { return e.runnerTLS(t, e.ca, taskA, time.Now().Add(-30*time.Second)) }},
 		{name: "certificate for A, Hello for B", hello: taskB, wantCode: []codes.Code{codes.PermissionDenied}, wantMsg: "Hello names task",
 			cfg: func() *tls.Config { return e.runnerTLS(t, e.ca, taskA, valid) }},
-		{name: "finished task", hello: done, wantCode: []codes.Code{codes.FailedPrecondition}, wantMsg: "is failed",
+		{name: "finished task", hello: done, wantCode: []codes.Code{codes.FailedPrecondition}, wantMsg: "is cancelled",
 			cfg: func() *tls.Config { return e.runnerTLS(t, e.ca, done, valid) }},
 		{name: "unknown protocol version", hello: taskA, version: 7, wantCode: []codes.Code{codes.FailedPrecondition},
 			wantMsg: "runner protocol version 7 not supported, server speaks 1",

@@ -95,3 +95,15 @@ func (s *Store) Page(ctx context.Context, taskID string, afterSeq int64, limit, 
 	}
 	return recs, more, nil
 }
+
+// runnerEnded is whether the runner's own terminal event is stored.
+const runnerEnded = `SELECT EXISTS (SELECT 1 FROM task_events WHERE task_id = $1 AND runner_seq IS NOT NULL
+	AND type IN ('completed', 'failed', 'cancelled'))`
+
+// RunnerEnded reports whether a task's runner sent its terminal event
+// (completed, failed or cancelled) and it was stored.
+func (s *Store) RunnerEnded(ctx context.Context, taskID string) (bool, error) {
+	var ended bool
+	err := s.pool.QueryRow(ctx, runnerEnded, taskID).Scan(&ended)
+	return ended, err
+}
