@@ -186,7 +186,7 @@ func workRoot(cfg config.Config) (string, error) {
 // task, and the Cancelled event that follows must still be delivered; closeEvents ends it.
 func (r *runner) startEvents(ctx context.Context, root string) error {
 	events, err := eventsclient.New(eventsclient.Config{
-		Addr: r.cfg.EventsAddr, TLS: r.tls.Clone(), TaskID: r.cfg.TaskID, RunnerVersion: version, Logger: r.log,
+		Addr: r.cfg.EventsAddr, TLS: r.tls.Clone(), TaskID: r.cfg.TaskID, Run: int32(r.cfg.Run), RunnerVersion: version, Logger: r.log,
 		SpillDir: root, DialOptions: []grpc.DialOption{r.rpcTel},
 	})
 	if err != nil {
@@ -261,7 +261,7 @@ func (r *runner) prepare(root string) (opts stages.Options, failure string) {
 	environ := os.Environ()
 	ws := workspace.New(workspace.Config{
 		Dir: repo, Git: cfg.GitBin, Env: stages.BaseEnv(environ, home, extraPath), User: user,
-		TaskID: cfg.TaskID, BaseBranch: cfg.BaseBranch,
+		TaskID: cfg.TaskID, BaseBranch: cfg.BaseBranch, FollowUp: cfg.Run > 1,
 	})
 	agentEnv := stages.AgentEnv(environ, home, extraPath, asRoot && user == nil)
 	openAIKey := os.Getenv("OPENAI_API_KEY")
@@ -284,7 +284,10 @@ func (r *runner) prepare(root string) (opts stages.Options, failure string) {
 		Task: stages.Task{
 			ID: cfg.TaskID, Repo: cfg.Repo, BaseBranch: cfg.BaseBranch, Prompt: cfg.Prompt,
 			TraceParent: cfg.TraceParent, Deadline: cfg.DeadlineTime(), MaxBudgetUSD: cfg.MaxBudgetUSD,
+			Run: cfg.Run, Followup: cfg.FollowupPrompt, PRNumber: cfg.PRNumber, PRURL: cfg.PRURL,
+			ConsoleURL: cfg.ConsoleURL, TraceURLTemplate: cfg.TraceURLTemplate,
 		},
+		Sessions: r.events,
 		Reporter: r.events, Tokens: tokens, Agent: ag, MeteredOutside: r.fwd != nil,
 		Workspace: ws, OpenSpecBin: openspecBin, OpenSpecTool: cfg.Agent, Redactor: r.red, Logger: r.log,
 	}, ""
@@ -328,7 +331,7 @@ func (r *runner) tokenSource() (repotoken.Source, error) {
 func newAgent(cfg config.Config, bin, repo, home string, env []string, user *proc.User, openAIKey string) agent.Agent {
 	if cfg.Agent != config.AgentCodex {
 		return claude.New(claude.Config{
-			Bin: bin, Dir: repo, Env: env,
+			Bin: bin, Dir: repo, Env: env, Home: home,
 			User: user, MaxTurns: cfg.MaxTurns, MaxBudgetUSD: cfg.MaxBudgetUSD,
 		})
 	}
