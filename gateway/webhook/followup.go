@@ -35,7 +35,8 @@ type FollowUps interface {
 	// applied == false without a second run (the idempotency rule of AdvanceTask). Errors are
 	// gRPC statuses: NotFound and FailedPrecondition (the task cannot run again now) are
 	// acknowledged with 202; Unavailable and its kin get 503 so GitHub's redelivery can retry.
-	FollowUp(ctx context.Context, taskID, prompt, requestID string) (applied bool, err error)
+	// trigger is "review" or "comment"; author the GitHub login who asked.
+	FollowUp(ctx context.Context, taskID, prompt, requestID, trigger, author string) (applied bool, err error)
 }
 
 // Permissions reports a user's permission on a repository, as GitHub's
@@ -139,7 +140,7 @@ func (h *Handler) review(ctx context.Context, d verifiedDelivery, ev *github.Pul
 		lg.InfoContext(ctx, "webhook ignored: empty review")
 		return ignored("the review has no text", id)
 	}
-	return h.followUp(ctx, lg, id, prompt, d)
+	return h.followUp(ctx, lg, id, prompt, d, "review", author.GetLogin())
 }
 
 // issueComment handles issue_comment on a pull request.
@@ -185,7 +186,7 @@ func (h *Handler) issueComment(ctx context.Context, d verifiedDelivery, ev *gith
 	if a, allowed := h.mayAsk(ctx, lg, id, ev.Repo.GetFullName(), int64(number), author); !allowed {
 		return a
 	}
-	return h.followUp(ctx, lg, id, prompt, d)
+	return h.followUp(ctx, lg, id, prompt, d, "comment", author.GetLogin())
 }
 
 // mayAsk checks that the pull request is the task's and that its author has write permission.
@@ -204,8 +205,8 @@ func (h *Handler) mayAsk(ctx context.Context, lg *slog.Logger, id, repo string, 
 	return answer{}, true
 }
 
-func (h *Handler) followUp(ctx context.Context, lg *slog.Logger, id, prompt string, d verifiedDelivery) answer {
-	applied, err := h.follow.Runs.FollowUp(ctx, id, prompt, requestIDPrefix+d.id)
+func (h *Handler) followUp(ctx context.Context, lg *slog.Logger, id, prompt string, d verifiedDelivery, trigger, author string) answer {
+	applied, err := h.follow.Runs.FollowUp(ctx, id, prompt, requestIDPrefix+d.id, trigger, author)
 	if err != nil {
 		return h.taskError(ctx, lg, opFollowUp, id, err)
 	}

@@ -31,7 +31,7 @@ type runs struct {
 
 type followUpCall struct{ taskID, prompt, requestID string }
 
-func (r *runs) FollowUp(_ context.Context, taskID, prompt, requestID string) (bool, error) {
+func (r *runs) FollowUp(_ context.Context, taskID, prompt, requestID, _, _ string) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.errs[taskID]; err != nil {

@@ -142,7 +142,11 @@ func run() error {
 			return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
 		}
 		defer whConn.Close()
-		wh, err := webhook.New(whCfg, taskrunnerv1.NewTaskServiceClient(whConn), logger)
+		// Follow-ups from reviews and comments: TaskService starts them, and
+		// GitHubTokenService (same address: taskrunnerd) reads GitHub.
+		whTasks := taskrunnerv1.NewTaskServiceClient(whConn)
+		cp := webhook.ControlPlane{Tasks: whTasks, GitHub: taskrunnerv1.NewGitHubTokenServiceClient(whConn)}
+		wh, err := webhook.New(whCfg, whTasks, logger, webhook.WithFollowUps(webhook.FollowUpDeps{Runs: cp, Permissions: cp, PullRequests: cp}))
 		if err != nil {
 			return err
 		}

@@ -251,6 +251,400 @@ func (x *RepoAccessResponse) GetInstallationId() int64 {
 	return 0
 }
 
+// RepoPermissionRequest names a repository and a user.
+type RepoPermissionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// owner/name.
+	Repo string `protobuf:"bytes,1,opt,name=repo,proto3" json:"repo,omitempty"`
+	// GitHub login.
+	Login         string `protobuf:"bytes,2,opt,name=login,proto3" json:"login,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepoPermissionRequest) Reset() {
+	*x = RepoPermissionRequest{}
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepoPermissionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepoPermissionRequest) ProtoMessage() {}
+
+func (x *RepoPermissionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepoPermissionRequest.ProtoReflect.Descriptor instead.
+func (*RepoPermissionRequest) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_githubtoken_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RepoPermissionRequest) GetRepo() string {
+	if x != nil {
+		return x.Repo
+	}
+	return ""
+}
+
+func (x *RepoPermissionRequest) GetLogin() string {
+	if x != nil {
+		return x.Login
+	}
+	return ""
+}
+
+// RepoPermissionResponse is GitHub's answer.
+type RepoPermissionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "admin", "write", "read" or "none".
+	Permission    string `protobuf:"bytes,1,opt,name=permission,proto3" json:"permission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepoPermissionResponse) Reset() {
+	*x = RepoPermissionResponse{}
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepoPermissionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepoPermissionResponse) ProtoMessage() {}
+
+func (x *RepoPermissionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepoPermissionResponse.ProtoReflect.Descriptor instead.
+func (*RepoPermissionResponse) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_githubtoken_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RepoPermissionResponse) GetPermission() string {
+	if x != nil {
+		return x.Permission
+	}
+	return ""
+}
+
+// ReviewCommentsRequest names a review.
+type ReviewCommentsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// owner/name.
+	Repo string `protobuf:"bytes,1,opt,name=repo,proto3" json:"repo,omitempty"`
+	// Pull request number.
+	Number int64 `protobuf:"varint,2,opt,name=number,proto3" json:"number,omitempty"`
+	// Review id.
+	ReviewId      int64 `protobuf:"varint,3,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewCommentsRequest) Reset() {
+	*x = ReviewCommentsRequest{}
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewCommentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewCommentsRequest) ProtoMessage() {}
+
+func (x *ReviewCommentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewCommentsRequest.ProtoReflect.Descriptor instead.
+func (*ReviewCommentsRequest) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_githubtoken_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ReviewCommentsRequest) GetRepo() string {
+	if x != nil {
+		return x.Repo
+	}
+	return ""
+}
+
+func (x *ReviewCommentsRequest) GetNumber() int64 {
+	if x != nil {
+		return x.Number
+	}
+	return 0
+}
+
+func (x *ReviewCommentsRequest) GetReviewId() int64 {
+	if x != nil {
+		return x.ReviewId
+	}
+	return 0
+}
+
+// ReviewComment is one comment of a review.
+type ReviewComment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// File path.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Line in the file (0 when GitHub gives none).
+	Line int64 `protobuf:"varint,2,opt,name=line,proto3" json:"line,omitempty"`
+	// Comment text.
+	Body string `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
+	// Author's login.
+	Login         string `protobuf:"bytes,4,opt,name=login,proto3" json:"login,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewComment) Reset() {
+	*x = ReviewComment{}
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewComment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewComment) ProtoMessage() {}
+
+func (x *ReviewComment) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewComment.ProtoReflect.Descriptor instead.
+func (*ReviewComment) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_githubtoken_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ReviewComment) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ReviewComment) GetLine() int64 {
+	if x != nil {
+		return x.Line
+	}
+	return 0
+}
+
+func (x *ReviewComment) GetBody() string {
+	if x != nil {
+		return x.Body
+	}
+	return ""
+}
+
+func (x *ReviewComment) GetLogin() string {
+	if x != nil {
+		return x.Login
+	}
+	return ""
+}
+
+// ReviewCommentsResponse lists a review's comments.
+type ReviewCommentsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Comments in order.
+	Comments      []*ReviewComment `protobuf:"bytes,1,rep,name=comments,proto3" json:"comments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewCommentsResponse) Reset() {
+	*x = ReviewCommentsResponse{}
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewCommentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewCommentsResponse) ProtoMessage() {}
+
+func (x *ReviewCommentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewCommentsResponse.ProtoReflect.Descriptor instead.
+func (*ReviewCommentsResponse) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_githubtoken_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReviewCommentsResponse) GetComments() []*ReviewComment {
+	if x != nil {
+		return x.Comments
+	}
+	return nil
+}
+
+// PullRequestHeadRequest names a pull request.
+type PullRequestHeadRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// owner/name.
+	Repo string `protobuf:"bytes,1,opt,name=repo,proto3" json:"repo,omitempty"`
+	// Number.
+	Number        int64 `protobuf:"varint,2,opt,name=number,proto3" json:"number,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullRequestHeadRequest) Reset() {
+	*x = PullRequestHeadRequest{}
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullRequestHeadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullRequestHeadRequest) ProtoMessage() {}
+
+func (x *PullRequestHeadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullRequestHeadRequest.ProtoReflect.Descriptor instead.
+func (*PullRequestHeadRequest) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_githubtoken_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PullRequestHeadRequest) GetRepo() string {
+	if x != nil {
+		return x.Repo
+	}
+	return ""
+}
+
+func (x *PullRequestHeadRequest) GetNumber() int64 {
+	if x != nil {
+		return x.Number
+	}
+	return 0
+}
+
+// PullRequestHeadResponse carries the head branch.
+type PullRequestHeadResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The head branch (e.g. taskrunner/<task-id>).
+	HeadRef string `protobuf:"bytes,1,opt,name=head_ref,json=headRef,proto3" json:"head_ref,omitempty"`
+	// The PR's state: open or closed.
+	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullRequestHeadResponse) Reset() {
+	*x = PullRequestHeadResponse{}
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullRequestHeadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullRequestHeadResponse) ProtoMessage() {}
+
+func (x *PullRequestHeadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_githubtoken_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullRequestHeadResponse.ProtoReflect.Descriptor instead.
+func (*PullRequestHeadResponse) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_githubtoken_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PullRequestHeadResponse) GetHeadRef() string {
+	if x != nil {
+		return x.HeadRef
+	}
+	return ""
+}
+
+func (x *PullRequestHeadResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 var File_taskrunner_v1_githubtoken_proto protoreflect.FileDescriptor
 
 const file_taskrunner_v1_githubtoken_proto_rawDesc = "" +
@@ -273,11 +667,38 @@ const file_taskrunner_v1_githubtoken_proto_rawDesc = "" +
 	"\n" +
 	"accessible\x18\x01 \x01(\bR\n" +
 	"accessible\x12'\n" +
-	"\x0finstallation_id\x18\x02 \x01(\x03R\x0einstallationId2\xc6\x01\n" +
+	"\x0finstallation_id\x18\x02 \x01(\x03R\x0einstallationId\"A\n" +
+	"\x15RepoPermissionRequest\x12\x12\n" +
+	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x14\n" +
+	"\x05login\x18\x02 \x01(\tR\x05login\"8\n" +
+	"\x16RepoPermissionResponse\x12\x1e\n" +
+	"\n" +
+	"permission\x18\x01 \x01(\tR\n" +
+	"permission\"`\n" +
+	"\x15ReviewCommentsRequest\x12\x12\n" +
+	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x16\n" +
+	"\x06number\x18\x02 \x01(\x03R\x06number\x12\x1b\n" +
+	"\treview_id\x18\x03 \x01(\x03R\breviewId\"a\n" +
+	"\rReviewComment\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04line\x18\x02 \x01(\x03R\x04line\x12\x12\n" +
+	"\x04body\x18\x03 \x01(\tR\x04body\x12\x14\n" +
+	"\x05login\x18\x04 \x01(\tR\x05login\"R\n" +
+	"\x16ReviewCommentsResponse\x128\n" +
+	"\bcomments\x18\x01 \x03(\v2\x1c.taskrunner.v1.ReviewCommentR\bcomments\"D\n" +
+	"\x16PullRequestHeadRequest\x12\x12\n" +
+	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x16\n" +
+	"\x06number\x18\x02 \x01(\x03R\x06number\"J\n" +
+	"\x17PullRequestHeadResponse\x12\x19\n" +
+	"\bhead_ref\x18\x01 \x01(\tR\aheadRef\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state2\xe6\x03\n" +
 	"\x12GitHubTokenService\x12]\n" +
 	"\x0eIssueRepoToken\x12$.taskrunner.v1.IssueRepoTokenRequest\x1a%.taskrunner.v1.IssueRepoTokenResponse\x12Q\n" +
 	"\n" +
-	"RepoAccess\x12 .taskrunner.v1.RepoAccessRequest\x1a!.taskrunner.v1.RepoAccessResponseBGZEgithub.com/taskrunner/taskrunner/proto/gen/taskrunner/v1;taskrunnerv1b\x06proto3"
+	"RepoAccess\x12 .taskrunner.v1.RepoAccessRequest\x1a!.taskrunner.v1.RepoAccessResponse\x12]\n" +
+	"\x0eRepoPermission\x12$.taskrunner.v1.RepoPermissionRequest\x1a%.taskrunner.v1.RepoPermissionResponse\x12]\n" +
+	"\x0eReviewComments\x12$.taskrunner.v1.ReviewCommentsRequest\x1a%.taskrunner.v1.ReviewCommentsResponse\x12`\n" +
+	"\x0fPullRequestHead\x12%.taskrunner.v1.PullRequestHeadRequest\x1a&.taskrunner.v1.PullRequestHeadResponseBGZEgithub.com/taskrunner/taskrunner/proto/gen/taskrunner/v1;taskrunnerv1b\x06proto3"
 
 var (
 	file_taskrunner_v1_githubtoken_proto_rawDescOnce sync.Once
@@ -291,25 +712,39 @@ func file_taskrunner_v1_githubtoken_proto_rawDescGZIP() []byte {
 	return file_taskrunner_v1_githubtoken_proto_rawDescData
 }
 
-var file_taskrunner_v1_githubtoken_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_taskrunner_v1_githubtoken_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_taskrunner_v1_githubtoken_proto_goTypes = []any{
-	(*IssueRepoTokenRequest)(nil),  // 0: taskrunner.v1.IssueRepoTokenRequest
-	(*IssueRepoTokenResponse)(nil), // 1: taskrunner.v1.IssueRepoTokenResponse
-	(*RepoAccessRequest)(nil),      // 2: taskrunner.v1.RepoAccessRequest
-	(*RepoAccessResponse)(nil),     // 3: taskrunner.v1.RepoAccessResponse
-	(*timestamppb.Timestamp)(nil),  // 4: google.protobuf.Timestamp
+	(*IssueRepoTokenRequest)(nil),   // 0: taskrunner.v1.IssueRepoTokenRequest
+	(*IssueRepoTokenResponse)(nil),  // 1: taskrunner.v1.IssueRepoTokenResponse
+	(*RepoAccessRequest)(nil),       // 2: taskrunner.v1.RepoAccessRequest
+	(*RepoAccessResponse)(nil),      // 3: taskrunner.v1.RepoAccessResponse
+	(*RepoPermissionRequest)(nil),   // 4: taskrunner.v1.RepoPermissionRequest
+	(*RepoPermissionResponse)(nil),  // 5: taskrunner.v1.RepoPermissionResponse
+	(*ReviewCommentsRequest)(nil),   // 6: taskrunner.v1.ReviewCommentsRequest
+	(*ReviewComment)(nil),           // 7: taskrunner.v1.ReviewComment
+	(*ReviewCommentsResponse)(nil),  // 8: taskrunner.v1.ReviewCommentsResponse
+	(*PullRequestHeadRequest)(nil),  // 9: taskrunner.v1.PullRequestHeadRequest
+	(*PullRequestHeadResponse)(nil), // 10: taskrunner.v1.PullRequestHeadResponse
+	(*timestamppb.Timestamp)(nil),   // 11: google.protobuf.Timestamp
 }
 var file_taskrunner_v1_githubtoken_proto_depIdxs = []int32{
-	4, // 0: taskrunner.v1.IssueRepoTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
-	0, // 1: taskrunner.v1.GitHubTokenService.IssueRepoToken:input_type -> taskrunner.v1.IssueRepoTokenRequest
-	2, // 2: taskrunner.v1.GitHubTokenService.RepoAccess:input_type -> taskrunner.v1.RepoAccessRequest
-	1, // 3: taskrunner.v1.GitHubTokenService.IssueRepoToken:output_type -> taskrunner.v1.IssueRepoTokenResponse
-	3, // 4: taskrunner.v1.GitHubTokenService.RepoAccess:output_type -> taskrunner.v1.RepoAccessResponse
-	3, // [3:5] is the sub-list for method output_type
-	1, // [1:3] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	11, // 0: taskrunner.v1.IssueRepoTokenResponse.expire_time:type_name -> google.protobuf.Timestamp
+	7,  // 1: taskrunner.v1.ReviewCommentsResponse.comments:type_name -> taskrunner.v1.ReviewComment
+	0,  // 2: taskrunner.v1.GitHubTokenService.IssueRepoToken:input_type -> taskrunner.v1.IssueRepoTokenRequest
+	2,  // 3: taskrunner.v1.GitHubTokenService.RepoAccess:input_type -> taskrunner.v1.RepoAccessRequest
+	4,  // 4: taskrunner.v1.GitHubTokenService.RepoPermission:input_type -> taskrunner.v1.RepoPermissionRequest
+	6,  // 5: taskrunner.v1.GitHubTokenService.ReviewComments:input_type -> taskrunner.v1.ReviewCommentsRequest
+	9,  // 6: taskrunner.v1.GitHubTokenService.PullRequestHead:input_type -> taskrunner.v1.PullRequestHeadRequest
+	1,  // 7: taskrunner.v1.GitHubTokenService.IssueRepoToken:output_type -> taskrunner.v1.IssueRepoTokenResponse
+	3,  // 8: taskrunner.v1.GitHubTokenService.RepoAccess:output_type -> taskrunner.v1.RepoAccessResponse
+	5,  // 9: taskrunner.v1.GitHubTokenService.RepoPermission:output_type -> taskrunner.v1.RepoPermissionResponse
+	8,  // 10: taskrunner.v1.GitHubTokenService.ReviewComments:output_type -> taskrunner.v1.ReviewCommentsResponse
+	10, // 11: taskrunner.v1.GitHubTokenService.PullRequestHead:output_type -> taskrunner.v1.PullRequestHeadResponse
+	7,  // [7:12] is the sub-list for method output_type
+	2,  // [2:7] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_taskrunner_v1_githubtoken_proto_init() }
@@ -323,7 +758,7 @@ func file_taskrunner_v1_githubtoken_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskrunner_v1_githubtoken_proto_rawDesc), len(file_taskrunner_v1_githubtoken_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	GitHubTokenService_IssueRepoToken_FullMethodName = "/taskrunner.v1.GitHubTokenService/IssueRepoToken"
-	GitHubTokenService_RepoAccess_FullMethodName     = "/taskrunner.v1.GitHubTokenService/RepoAccess"
+	GitHubTokenService_IssueRepoToken_FullMethodName  = "/taskrunner.v1.GitHubTokenService/IssueRepoToken"
+	GitHubTokenService_RepoAccess_FullMethodName      = "/taskrunner.v1.GitHubTokenService/RepoAccess"
+	GitHubTokenService_RepoPermission_FullMethodName  = "/taskrunner.v1.GitHubTokenService/RepoPermission"
+	GitHubTokenService_ReviewComments_FullMethodName  = "/taskrunner.v1.GitHubTokenService/ReviewComments"
+	GitHubTokenService_PullRequestHead_FullMethodName = "/taskrunner.v1.GitHubTokenService/PullRequestHead"
 )
 
 // GitHubTokenServiceClient is the client API for GitHubTokenService service.
@@ -36,6 +39,15 @@ type GitHubTokenServiceClient interface {
 	IssueRepoToken(ctx context.Context, in *IssueRepoTokenRequest, opts ...grpc.CallOption) (*IssueRepoTokenResponse, error)
 	// RepoAccess tells whether the GitHub App can act on a repository.
 	RepoAccess(ctx context.Context, in *RepoAccessRequest, opts ...grpc.CallOption) (*RepoAccessResponse, error)
+	// RepoPermission is a user's permission on a repository: "admin",
+	// "write", "read" or "none" (internal: the webhook obeys only writers).
+	RepoPermission(ctx context.Context, in *RepoPermissionRequest, opts ...grpc.CallOption) (*RepoPermissionResponse, error)
+	// ReviewComments lists the comments of one pull request review, each
+	// with its file and line (internal: webhook payloads leave them out).
+	ReviewComments(ctx context.Context, in *ReviewCommentsRequest, opts ...grpc.CallOption) (*ReviewCommentsResponse, error)
+	// PullRequestHead is the head branch of a pull request (internal: an
+	// issue comment names the pull request, not its branch).
+	PullRequestHead(ctx context.Context, in *PullRequestHeadRequest, opts ...grpc.CallOption) (*PullRequestHeadResponse, error)
 }
 
 type gitHubTokenServiceClient struct {
@@ -66,6 +78,36 @@ func (c *gitHubTokenServiceClient) RepoAccess(ctx context.Context, in *RepoAcces
 	return out, nil
 }
 
+func (c *gitHubTokenServiceClient) RepoPermission(ctx context.Context, in *RepoPermissionRequest, opts ...grpc.CallOption) (*RepoPermissionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RepoPermissionResponse)
+	err := c.cc.Invoke(ctx, GitHubTokenService_RepoPermission_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gitHubTokenServiceClient) ReviewComments(ctx context.Context, in *ReviewCommentsRequest, opts ...grpc.CallOption) (*ReviewCommentsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReviewCommentsResponse)
+	err := c.cc.Invoke(ctx, GitHubTokenService_ReviewComments_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gitHubTokenServiceClient) PullRequestHead(ctx context.Context, in *PullRequestHeadRequest, opts ...grpc.CallOption) (*PullRequestHeadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PullRequestHeadResponse)
+	err := c.cc.Invoke(ctx, GitHubTokenService_PullRequestHead_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GitHubTokenServiceServer is the server API for GitHubTokenService service.
 // All implementations must embed UnimplementedGitHubTokenServiceServer
 // for forward compatibility.
@@ -79,6 +121,15 @@ type GitHubTokenServiceServer interface {
 	IssueRepoToken(context.Context, *IssueRepoTokenRequest) (*IssueRepoTokenResponse, error)
 	// RepoAccess tells whether the GitHub App can act on a repository.
 	RepoAccess(context.Context, *RepoAccessRequest) (*RepoAccessResponse, error)
+	// RepoPermission is a user's permission on a repository: "admin",
+	// "write", "read" or "none" (internal: the webhook obeys only writers).
+	RepoPermission(context.Context, *RepoPermissionRequest) (*RepoPermissionResponse, error)
+	// ReviewComments lists the comments of one pull request review, each
+	// with its file and line (internal: webhook payloads leave them out).
+	ReviewComments(context.Context, *ReviewCommentsRequest) (*ReviewCommentsResponse, error)
+	// PullRequestHead is the head branch of a pull request (internal: an
+	// issue comment names the pull request, not its branch).
+	PullRequestHead(context.Context, *PullRequestHeadRequest) (*PullRequestHeadResponse, error)
 	mustEmbedUnimplementedGitHubTokenServiceServer()
 }
 
@@ -94,6 +145,15 @@ func (UnimplementedGitHubTokenServiceServer) IssueRepoToken(context.Context, *Is
 }
 func (UnimplementedGitHubTokenServiceServer) RepoAccess(context.Context, *RepoAccessRequest) (*RepoAccessResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RepoAccess not implemented")
+}
+func (UnimplementedGitHubTokenServiceServer) RepoPermission(context.Context, *RepoPermissionRequest) (*RepoPermissionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RepoPermission not implemented")
+}
+func (UnimplementedGitHubTokenServiceServer) ReviewComments(context.Context, *ReviewCommentsRequest) (*ReviewCommentsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReviewComments not implemented")
+}
+func (UnimplementedGitHubTokenServiceServer) PullRequestHead(context.Context, *PullRequestHeadRequest) (*PullRequestHeadResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PullRequestHead not implemented")
 }
 func (UnimplementedGitHubTokenServiceServer) mustEmbedUnimplementedGitHubTokenServiceServer() {}
 func (UnimplementedGitHubTokenServiceServer) testEmbeddedByValue()                            {}
@@ -152,6 +212,60 @@ func _GitHubTokenService_RepoAccess_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GitHubTokenService_RepoPermission_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RepoPermissionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitHubTokenServiceServer).RepoPermission(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitHubTokenService_RepoPermission_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitHubTokenServiceServer).RepoPermission(ctx, req.(*RepoPermissionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GitHubTokenService_ReviewComments_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReviewCommentsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitHubTokenServiceServer).ReviewComments(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitHubTokenService_ReviewComments_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitHubTokenServiceServer).ReviewComments(ctx, req.(*ReviewCommentsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GitHubTokenService_PullRequestHead_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PullRequestHeadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GitHubTokenServiceServer).PullRequestHead(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GitHubTokenService_PullRequestHead_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GitHubTokenServiceServer).PullRequestHead(ctx, req.(*PullRequestHeadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GitHubTokenService_ServiceDesc is the grpc.ServiceDesc for GitHubTokenService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -166,6 +280,18 @@ var GitHubTokenService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RepoAccess",
 			Handler:    _GitHubTokenService_RepoAccess_Handler,
+		},
+		{
+			MethodName: "RepoPermission",
+			Handler:    _GitHubTokenService_RepoPermission_Handler,
+		},
+		{
+			MethodName: "ReviewComments",
+			Handler:    _GitHubTokenService_ReviewComments_Handler,
+		},
+		{
+			MethodName: "PullRequestHead",
+			Handler:    _GitHubTokenService_PullRequestHead_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
