@@ -8,5 +8,8 @@
 // it has no authentication, it ignores the model, max_tokens and every sampling
 // setting, and it answers only what the script says. Each request is answered from
 // the conversation it carries (the CLI resends the whole conversation every turn),
-// so the server keeps no per-conversation state.
+// so the server keeps no per-conversation state. That is also how it checks a resumed
+// session: a stage with a `history` regexp (the demo's follow-up stages) answers its first
+// request with an error unless the messages before the stage prompt match it, so a follow-up
+// that did not resume the earlier conversation fails.
 package modelapi

@@ -239,7 +239,9 @@ func TestReadPrompt(t *testing.T) {
 				assistant(map[string]any{"type": "tool_use", "id": "t3", "name": "Write", "input": map[string]any{}}),
 				userBlocks(map[string]any{"type": "tool_result", "tool_use_id": "t3", "content": []any{text("written")}}),
 			},
-			want: Prompt{Turn: 2, LastUserText: "written", Workspace: "/tmp/w s"},
+			want: Prompt{Turn: 2, LastUserText: "written", Workspace: "/tmp/w s",
+				History: "user: <command-message>opsx:explore</command-message>\n<command-name>/opsx:explore</command-name>\n<command-args>Add a flag</command-args>\n\nEnter explore mode.\n" +
+					"system: # Environment\n - Primary working directory: /tmp/w s\n - Is a git repository: true\n\nassistant: Summary."},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
