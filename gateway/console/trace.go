@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/taskrunner/taskrunner/gateway/httperr"
 	"io"
 	"net/http"
 	"net/url"
@@ -252,13 +253,9 @@ func httpStatusOf(c codes.Code) int {
 	}
 }
 
-// writeJSONError answers in the API's error shape ({code, message}).
+// writeJSONError answers in the API's one error shape ({code, message,
+// details}, gateway/httperr).
 func writeJSONError(w http.ResponseWriter, httpStatus int, c codes.Code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(httpStatus)
-	_ = json.NewEncoder(w).Encode(struct {
-		Code    codes.Code `json:"code"`
-		Message string     `json:"message"`
-	}{c, msg})
+	httperr.WriteHTTP(w, httpStatus, status.New(c, msg))
 }

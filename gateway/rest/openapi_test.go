@@ -40,7 +40,7 @@ var publicRoutes = []string{
 }
 
 // restServices are the gRPC services whose HTTP rules rest registers.
-var restServices = []string{"TaskService", "EventsService"}
+var restServices = []string{"TaskService", "EventsService", "TokenService"}
 
 type operation struct {
 	OperationID string           `json:"operationId"`

@@ -52,6 +52,7 @@ var services = []struct {
 }{
 	{"TaskService", func(o Options) *grpc.ClientConn { return o.Task }, taskrunnerv1.RegisterTaskServiceHandler},
 	{"EventsService", func(o Options) *grpc.ClientConn { return o.Events }, taskrunnerv1.RegisterEventsServiceHandler},
+	{"TokenService", func(o Options) *grpc.ClientConn { return o.Task }, taskrunnerv1.RegisterTokenServiceHandler},
 }
 
 // Server is the gateway's whole HTTP handler.

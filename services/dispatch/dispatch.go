@@ -755,6 +755,9 @@ func (s *Server) StartFollowUp(ctx context.Context, taskID string) (task.Task, e
 			}
 			return errs.Quota(retry, "owner %q reached %d runs in 24 hours; retry in %d s", cur.Owner, s.cfg.PerOwnerPerDay, retry)
 		}
+		if err := s.checkOwnerSpend(ctx, tx, cur.Owner); err != nil {
+			return err
+		}
 		repoRunning, global, err := tx.RunningCounts(ctx, cur.Repo)
 		if err != nil {
 			return err
