@@ -153,6 +153,7 @@ func TestDispatchStartsSandboxWithRunnerEnv(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, task.StatusRunning, tk2.Status)
 	require.Equal(t, map[string]int{id: 1}, h.startCount(t))
+	s.Wait() // the start records the sandbox id after the runner began
 	var n int
 	require.NoError(t, h.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM sandboxes WHERE task_id = $1 AND external_id <> ''`, id).Scan(&n))
 	require.Equal(t, 1, n)
