@@ -80,7 +80,7 @@ func TestSubscriberCounts(t *testing.T) {
 	now := time.Now()
 	s := &subscriber{want: 6}
 	for _, id := range []string{"1", "2", "2", "4@task", "3", "5"} {
-		s.received(id, now)
+		s.received(id, "log", now)
 	}
 	require.Equal(t, int64(4), s.delivered, "1, 2, 4 and 5")
 	require.Equal(t, int64(2), s.dups, "2 again, and 3 after 4")
@@ -88,11 +88,24 @@ func TestSubscriberCounts(t *testing.T) {
 	require.Equal(t, int64(5), s.last.Load())
 	require.Equal(t, "5", s.lastID)
 	require.Zero(t, s.lastAt.Load(), "6 not yet received")
-	s.received("6@task", now)
+	s.received("6@task", "log", now)
 	require.Positive(t, s.lastAt.Load())
 	require.Equal(t, "6@task", s.lastID, "Last-Event-ID is the id as received")
-	s.received("x", now)
+	s.received("x", "log", now)
 	require.Error(t, s.firstErr)
+
+	// The timeline's control-plane events keep the ids gap-free but are
+	// not deliveries: runner event n arrives with a later id.
+	tl := &subscriber{want: 2}
+	for _, e := range [][2]string{{"1", "status_change"}, {"2", "status_change"}, {"3", "sandbox"}, {"4", "log"}, {"5", "log"}, {"6", "status_change"}} {
+		tl.received(e[0], e[1], now)
+	}
+	require.Equal(t, int64(2), tl.delivered)
+	require.Zero(t, tl.gaps)
+	require.Zero(t, tl.dups)
+	require.Equal(t, int64(2), tl.last.Load())
+	require.Positive(t, tl.lastAt.Load())
+	require.Equal(t, "6", tl.lastID)
 }
 
 func TestSSEGoals(t *testing.T) {

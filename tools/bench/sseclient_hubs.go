@@ -416,7 +416,9 @@ type subscriber struct {
 	url, token string
 	want       int64 // events its task will publish
 
-	last   atomic.Int64 // highest seq received
+	last   atomic.Int64 // runner events received in order (the taskrunner timeline's control-plane events not counted)
+	raw    int64        // highest seq (SSE id) received
+	cp     int64        // control-plane events received (status_change, queue_position, sandbox)
 	lastAt atomic.Int64 // unix nanos of the receipt of seq want
 	lastID string
 
@@ -472,7 +474,7 @@ func (s *subscriber) stream(ctx context.Context, connected func()) error {
 		return fmt.Errorf("sse: %s", resp.Status)
 	}
 	rd := bufio.NewReaderSize(resp.Body, 8<<10)
-	var id []byte
+	var id, typ []byte
 	var sent time.Time
 	first := true
 	for {
@@ -491,9 +493,11 @@ func (s *subscriber) stream(ctx context.Context, connected func()) error {
 		switch {
 		case len(line) == 0: // end of a message
 			if id != nil {
-				s.received(string(id), sent)
+				s.received(string(id), string(typ), sent)
 			}
-			id, sent = nil, time.Time{}
+			id, typ, sent = nil, typ[:0], time.Time{}
+		case bytes.HasPrefix(line, []byte("event:")):
+			typ = append(typ[:0], bytes.TrimSpace(line[6:])...)
 		case bytes.HasPrefix(line, []byte("id:")):
 			id = append(id[:0], bytes.TrimSpace(line[3:])...)
 		case bytes.HasPrefix(line, []byte("data:")):
@@ -502,7 +506,12 @@ func (s *subscriber) stream(ctx context.Context, connected func()) error {
 	}
 }
 
-func (s *subscriber) received(id string, sent time.Time) {
+// controlPlane are the taskrunner timeline's events that no publisher of
+// the benchmark sends (the task's status changes, queue and sandbox): they
+// keep the SSE ids gap-free but are not counted as deliveries.
+var controlPlane = map[string]bool{"status_change": true, "queue_position": true, "sandbox": true}
+
+func (s *subscriber) received(id, typ string, sent time.Time) {
 	now := time.Now()
 	num, _, _ := strings.Cut(id, "@")
 	seq, err := strconv.ParseInt(num, 10, 64)
@@ -512,14 +521,20 @@ func (s *subscriber) received(id string, sent time.Time) {
 		}
 		return
 	}
-	last := s.last.Load()
 	switch {
-	case seq <= last:
+	case seq <= s.raw:
 		s.dups++
 		return
-	case seq > last+1:
-		s.gaps += seq - last - 1
+	case seq > s.raw+1:
+		s.gaps += seq - s.raw - 1
 	}
+	s.raw = seq
+	if controlPlane[typ] {
+		s.cp++
+		s.lastID = id
+		return
+	}
+	seq -= s.cp // the runner event's number among the published ones
 	s.delivered++
 	if !sent.IsZero() {
 		s.lat = append(s.lat, now.Sub(sent))
