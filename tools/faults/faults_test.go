@@ -2,6 +2,9 @@ package faults
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -45,10 +48,21 @@ func subscribeAll(t testing.TB, s *stack, id string, want int64) []int64 {
 	st, err := c.Subscribe(ctx, &taskrunnerv1.SubscribeRequest{TaskId: id})
 	require.NoError(t, err)
 	var seqs []int64
+	var last *taskrunnerv1.Event
 	for int64(len(seqs)) < want {
 		m, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			// A stream ends at the final status change; what Dispatch
+			// appends after it (the sandbox's end) is not streamed.
+			sc := last.GetStatusChange()
+			require.NotNil(t, sc, "the stream ended before its final event")
+			require.Contains(t, []taskrunnerv1.TaskStatus{taskrunnerv1.TaskStatus_TASK_STATUS_FAILED, taskrunnerv1.TaskStatus_TASK_STATUS_DONE,
+				taskrunnerv1.TaskStatus_TASK_STATUS_CANCELLED}, sc.GetTo())
+			return seqs
+		}
 		require.NoError(t, err)
-		seqs = append(seqs, m.GetEvent().GetSeq())
+		last = m.GetEvent()
+		seqs = append(seqs, last.GetSeq())
 	}
 	return seqs
 }
@@ -64,7 +78,9 @@ func checkTask(t testing.TB, s *stack, id string, runnerEvents int64) int64 {
 	n := int64(len(listed))
 	require.Equal(t, seqRange(1, n), listed, "events:list of %s", id)
 	require.GreaterOrEqual(t, s.timeline(id, runnerEvents), n)
-	require.Equal(t, seqRange(1, n), subscribeAll(t, s, id, n), "the stream of %s", id)
+	streamed := subscribeAll(t, s, id, n)
+	require.NotEmpty(t, streamed)
+	require.Equal(t, seqRange(1, int64(len(streamed))), streamed, "the stream of %s", id)
 	return n
 }
 
@@ -239,4 +255,112 @@ func TestRedisStoppedFiveSeconds(t *testing.T) {
 	finish(t, s, c, id, "https://github.com/acme/widgets/pull/5")
 	n := checkTask(t, s, id, 61)
 	t.Logf("Redis 5 s outage: %d events, nothing lost; whole timeline readable and streamed %.2f s after Redis returned", n, time.Since(up).Seconds())
+}
+
+// taskrunnerd killed (-9) while 10 tasks are being dispatched: some were
+// admitted and committed without their sandbox being created. After the
+// restart (and the client retrying its DispatchTask calls, which are
+// idempotent) every task runs in exactly one sandbox: none started twice,
+// none stuck in 'creating'.
+func TestRestartDuringDispatchOfTenTasks(t *testing.T) {
+	s := newStack(t, func(s *stack) { s.heartbeat = time.Minute }) // the sandboxes' runners never talk
+	ctx := context.Background()
+	var ids []string
+	for i := range 10 {
+		tk, _, err := s.tasks.Create(ctx, task.NewTask{Owner: "alice", Repo: fmt.Sprintf("acme/r%d", i), BaseBranch: "main", Prompt: "p", Agent: task.AgentClaude}, "")
+		require.NoError(t, err)
+		ids = append(ids, tk.ID)
+	}
+	client, cctx := s.taskClient()
+	first := make(chan struct{}, len(ids))
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := client.DispatchTask(cctx, &taskrunnerv1.DispatchTaskRequest{Id: id})
+			if err == nil {
+				first <- struct{}{}
+			}
+		}()
+	}
+	<-first
+	s.kill() // while the others are being admitted or started
+	wg.Wait()
+	var admittedNotStarted int
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM sandboxes WHERE state = 'creating' AND external_id = ''`).Scan(&admittedNotStarted))
+	up := s.start()
+	for _, id := range ids { // the client retries what it did not see succeed
+		require.Eventually(t, func() bool {
+			_, err := client.DispatchTask(cctx, &taskrunnerv1.DispatchTaskRequest{Id: id})
+			return err == nil
+		}, 20*time.Second, 20*time.Millisecond)
+	}
+	require.Eventually(t, func() bool {
+		var creating, running int
+		_ = s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'creating'), count(*) FILTER (WHERE state <> 'creating' AND external_id <> '')
+			FROM sandboxes WHERE task_id = ANY($1::uuid[])`, ids).Scan(&creating, &running)
+		return creating == 0 && running == len(ids) && len(s.starts()) >= len(ids)
+	}, 30*time.Second, 10*time.Millisecond, "sandboxes: %v", s.starts())
+	t.Logf("restart during dispatch of 10: %d admitted without a sandbox at the kill; all 10 running %.2f s after the restart", admittedNotStarted, time.Since(up).Seconds())
+	starts := s.starts()
+	require.Len(t, starts, len(ids), "no task started twice: %v", starts)
+	for _, id := range ids {
+		require.Contains(t, starts, id)
+		require.Equal(t, task.StatusRunning, s.task(id).Status)
+	}
+}
+
+// A runner killed mid-task: the reaper fails the task runner_lost after
+// three heartbeat intervals of silence; what the runner had acknowledged is
+// all there.
+func TestRunnerKilled(t *testing.T) {
+	s := newStack(t)
+	id := s.runningTask(time.Hour)
+	c, kill := s.killableRunner(id)
+	stream(t, c, 0, 30, 200, 0)
+	require.Eventually(t, func() bool { return c.Acked() == 30 }, 20*time.Second, 5*time.Millisecond)
+	kill()
+	killed := time.Now()
+	require.Eventually(t, func() bool { return s.task(id).Status == task.StatusFailed }, 30*time.Second, 20*time.Millisecond)
+	tk := s.task(id)
+	require.Contains(t, tk.FailedReason, "runner_lost")
+	n := checkTask(t, s, id, 30)
+	t.Logf("runner killed: failed runner_lost %.2f s later (window %s); %d events on the timeline", time.Since(killed).Seconds(), 3*s.heartbeat, n)
+}
+
+// taskrunnerd down 40 s across the end of a task: the runner finishes its
+// work (completed with its PR) while nobody listens, keeps it, and
+// delivers it after the restart; the reaper (which waits a silence window
+// after its start) does not fail the task first: it ends awaiting_review
+// with its PR.
+func TestFortySecondOutageAcrossCompletion(t *testing.T) {
+	s := newStack(t)
+	ids := []string{s.runningTask(time.Hour), s.runningTask(time.Hour)}
+	var runners []*eventsclient.Client
+	for _, id := range ids {
+		c := s.runner(id)
+		runners = append(runners, c)
+		stream(t, c, 0, 20, 200, 0)
+		require.Eventually(t, func() bool { return c.Acked() == 20 }, 20*time.Second, 5*time.Millisecond)
+	}
+	s.kill()
+	down := time.Now()
+	const pr = "https://github.com/acme/widgets/pull/6"
+	for _, c := range runners {
+		stream(t, c, 20, 60, 300, 0)
+		_, err := c.Send(completed(pr))
+		require.NoError(t, err)
+	}
+	<-time.After(time.Until(down.Add(40 * time.Second))) // the outage
+	up := s.start()
+	for i, id := range ids {
+		require.Eventually(t, func() bool { tk := s.task(id); return tk.Status == task.StatusAwaitingReview && tk.PRURL == pr },
+			30*time.Second, 10*time.Millisecond, "task %d is %+v", i, s.task(id))
+	}
+	t.Logf("40 s outage across completion: both tasks awaiting_review with their PR %.2f s after the restart", time.Since(up).Seconds())
+	for i, id := range ids {
+		require.EqualValues(t, 81, runners[i].Acked())
+		checkTask(t, s, id, 81)
+	}
 }

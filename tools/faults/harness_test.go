@@ -188,8 +188,11 @@ type stack struct {
 	heartbeat            time.Duration
 }
 
-func newStack(t testing.TB) *stack {
+func newStack(t testing.TB, opts ...func(*stack)) *stack {
 	s := &stack{t: t, pg: startPostgres(t), rds: startRedis(t), bin: binDir(t), dir: t.TempDir(), heartbeat: 2 * time.Second}
+	for _, o := range opts {
+		o(s)
+	}
 	paths, err := pki.InitDev(filepath.Join(s.dir, "pki"), trustDomain, nil)
 	require.NoError(t, err)
 	s.ca, err = pki.LoadCAFiles(paths.CACert, paths.CAKey)
@@ -205,8 +208,8 @@ func newStack(t testing.TB) *stack {
 		"TASKRUNNER_RUNNER_CA_FILE=" + paths.CACert, "TASKRUNNER_RUNNER_CA_KEY_FILE=" + paths.CAKey,
 		"TASKRUNNER_TRUST_DOMAIN=" + trustDomain, "TASKRUNNER_RUNNER_EVENTS_ADDR=" + s.runnerAddr,
 		"TASKRUNNER_RUNNER_SERVER_NAME=localhost",
-		"TASKRUNNER_HEARTBEAT_INTERVAL=" + s.heartbeat.String(),
-		"TASKRUNNER_PROCESS_RUNNER_BIN=/bin/false", "TASKRUNNER_PROCESS_WORK_ROOT=" + filepath.Join(s.dir, "sandboxes"),
+		"TASKRUNNER_HEARTBEAT_INTERVAL=" + s.heartbeat.String(), "TASKRUNNER_REAPER_INTERVAL=1s",
+		"TASKRUNNER_PROCESS_RUNNER_BIN=" + s.runnerBin(), "TASKRUNNER_PROCESS_WORK_ROOT=" + filepath.Join(s.dir, "sandboxes"),
 		"TASKRUNNER_PROCESS_BWRAP=never", "TASKRUNNER_PROCESS_UNISOLATED=1",
 		"TASKRUNNER_LOG_LEVEL=info",
 	}
@@ -286,6 +289,13 @@ func (s *stack) runningTask(deadline time.Duration) string {
 
 // runner is a fake runner of taskID: the real event stream client.
 func (s *stack) runner(taskID string) *eventsclient.Client {
+	c, _ := s.killableRunner(taskID)
+	return c
+}
+
+// killableRunner is runner plus a kill: the stream stops at once, nothing
+// more is sent, as when the runner's process dies.
+func (s *stack) killableRunner(taskID string) (*eventsclient.Client, func()) {
 	certPEM, keyPEM, err := s.ca.MintTaskCert(taskID, time.Now().Add(time.Hour))
 	require.NoError(s.t, err)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
@@ -304,7 +314,7 @@ func (s *stack) runner(taskID string) *eventsclient.Client {
 		_ = c.Close(cctx)
 		cancel()
 	})
-	return c
+	return c, cancel
 }
 
 // client is a bearer-token gRPC client of the public port.
@@ -373,3 +383,48 @@ func completed(pr string) *taskrunnerv1.Event {
 }
 
 var _ = pgx.ErrNoRows
+
+// runnerBin is what the process provider starts as a runner: a script that
+// records the start (task id and pid) in starts.txt and sleeps, so a test
+// can count sandbox starts. The tests' runners are fake ones in the test.
+func (s *stack) runnerBin() string {
+	path := filepath.Join(s.dir, "runner.sh")
+	script := "#!/bin/sh\necho \"$TASKRUNNER_TASK_ID $$\" >> " + s.startsFile() + "\nexec sleep 300\n"
+	require.NoError(s.t, os.WriteFile(path, []byte(script), 0o755))
+	s.t.Cleanup(func() {
+		for _, pid := range s.starts() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return path
+}
+
+func (s *stack) startsFile() string { return filepath.Join(s.dir, "starts.txt") }
+
+// starts maps each started sandbox's task id to its pid (and counts
+// duplicates under "id#2"...).
+func (s *stack) starts() map[string]int {
+	b, _ := os.ReadFile(s.startsFile())
+	out := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		pid, _ := strconv.Atoi(f[1])
+		k := f[0]
+		for n := 2; out[k] != 0; n++ {
+			k = f[0] + "#" + strconv.Itoa(n)
+		}
+		out[k] = pid
+	}
+	return out
+}
+
+// taskClient is a bearer-token TaskService client of the public port.
+func (s *stack) taskClient() (taskrunnerv1.TaskServiceClient, context.Context) {
+	cc, err := grpc.NewClient("passthrough:///"+s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(s.t, err)
+	s.t.Cleanup(func() { _ = cc.Close() })
+	return taskrunnerv1.NewTaskServiceClient(cc), metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.token)
+}
