@@ -256,15 +256,26 @@ func TestFollowUpWithoutSession(t *testing.T) {
 	require.True(t, rep.logged("the follow-up starts from the branch alone: no session was saved"))
 	require.Equal(t, run1Head, strings.TrimSpace(h.git("rev-parse", branch)))
 	require.Empty(t, h.prComments())
+	failed := empty.all()
+	require.Len(t, failed, 1, "a failed run saves its session too")
+	require.EqualValues(t, 2, failed[0].GetRun())
 
 	// The same answers without the assertion: the follow-up works from the branch alone.
 	script, err := modelapi.LoadScript(s.script)
 	require.NoError(t, err)
 	h.withModel(script.WithoutHistory())
-	out3, rep := h.followUp(s, empty, out.PRURL)
+	out3, rep := h.followUp(s, &memSessions{}, out.PRURL)
 	require.Equal(t, stages.StatusCompleted, out3.Status, out3.Reason)
+	require.True(t, rep.logged("the follow-up starts from the branch alone: no session was saved"))
 	require.Equal(t, run1Head, strings.TrimSpace(h.git("rev-parse", branch+"^")))
 	require.Contains(t, h.git("show", branch+":greet"), "-f | --farewell)")
 	require.Len(t, h.prComments(), 1)
-	require.True(t, rep.logged("add-farewell"), "the prompt named the change so far")
+	var prompts []string
+	for _, r := range h.model.Requests() {
+		if r.Stage == "followup-propose" && r.Turn == 0 {
+			prompts = append(prompts, r.Prompt)
+			require.Equal(t, modelapi.HistoryNotChecked, r.History)
+		}
+	}
+	require.Len(t, prompts, 1, "a cold start, answered without the assertion")
 }
