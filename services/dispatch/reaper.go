@@ -117,10 +117,19 @@ func (s *Server) Reap(ctx context.Context) (res ReapResult, err error) {
 }
 
 // judgeSilence reports whether the reaper has run for a full silence window
-// (3 heartbeat intervals) since this server started.
+// (3 heartbeat intervals) since this server started or since a cycle last
+// failed (outage).
 func (s *Server) judgeSilence() bool {
 	return time.Since(s.born) >= 3*s.cfg.HeartbeatInterval
 }
+
+// outage restarts the reaper's grace: a cycle failed, most likely because
+// the database is unreachable, and while it is, no runner's heartbeat or
+// event can be recorded. Judging silence as soon as it is back would fail
+// live runners whose messages are still on their way (issue 19's
+// PostgreSQL outage). Resume, the only other reader of born, runs before
+// the first cycle.
+func (s *Server) outage() { s.born = time.Now() }
 
 func (s *Server) fail(ctx context.Context, id, reason, requestID string) bool {
 	_, applied, err := s.tasks.Advance(ctx, id, "", task.Advance{RequestID: requestID, Status: task.StatusFailed, FailedReason: reason, Actor: task.ActorReaper})
@@ -156,6 +165,7 @@ func (s *Server) RunReaper(ctx context.Context) {
 	for {
 		if _, err := s.Reap(ctx); err != nil && ctx.Err() == nil {
 			s.log.ErrorContext(ctx, "reaper cycle failed", "error", err)
+			s.outage()
 		}
 		select {
 		case <-ctx.Done():

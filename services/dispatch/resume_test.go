@@ -83,3 +83,30 @@ func TestResumeStartsSandboxesAdmittedBeforeARestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
+
+// After a failed reaper cycle (a database outage: no heartbeat could be
+// recorded) the reaper waits a full silence window again before failing a
+// silent task runner_lost.
+func TestReaperGraceAfterAnOutage(t *testing.T) {
+	h := newHarness(t)
+	cfg := testConfig()
+	cfg.HeartbeatInterval = time.Second
+	s := h.server(t, cfg, "sb")
+	ctx := context.Background()
+	id := h.create(t, "alice", "acme/widgets")
+	_, err := s.DispatchTask(ctx, id)
+	require.NoError(t, err)
+	s.Wait()
+	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	s.born = time.Now().Add(-time.Hour) // long past its start-up grace
+	s.outage()
+	res, err := s.Reap(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Lost, "right after an outage the reaper does not judge silence")
+	require.Equal(t, task.StatusRunning, h.status(t, id))
+	s.born = time.Now().Add(-3 * cfg.HeartbeatInterval) // a window later
+	res, err = s.Reap(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Lost)
+}
