@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -363,4 +364,42 @@ func TestFortySecondOutageAcrossCompletion(t *testing.T) {
 		require.EqualValues(t, 81, runners[i].Acked())
 		checkTask(t, s, id, 81)
 	}
+}
+
+// A 100 KB log burst (one agent turn of three long text blocks, and more):
+// the runner's client splits it under Events' 64 KiB limit, nothing is
+// refused, every line arrives in order, and the task completes.
+func TestHundredKilobyteLogBurst(t *testing.T) {
+	s := newStack(t)
+	id := s.runningTask(time.Hour)
+	c := s.runner(id)
+	var lines []string
+	for i := range 50 {
+		lines = append(lines, fmt.Sprintf("%03d ", i)+strings.Repeat("y", 1996))
+	}
+	lines = append(lines, strings.Repeat("z", 30_000)) // one long text block
+	_, err := c.Send(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: lines}}})
+	require.NoError(t, err)
+	finish(t, s, c, id, "https://github.com/acme/widgets/pull/7")
+	require.NoError(t, c.Err())
+
+	var got []string
+	var biggest int
+	rows, err := s.pool.Query(context.Background(), `SELECT payload::text, payload FROM task_events WHERE task_id = $1 AND type = 'log' ORDER BY seq`, id)
+	require.NoError(t, err)
+	for rows.Next() {
+		var text string
+		var ev struct {
+			Log struct{ Lines []string } `json:"log"`
+		}
+		require.NoError(t, rows.Scan(&text, &ev))
+		biggest = max(biggest, len(text))
+		got = append(got, ev.Log.Lines...)
+	}
+	require.NoError(t, rows.Err())
+	require.Less(t, biggest, 64<<10)
+	require.Equal(t, lines, got, "every line, in order, whole")
+	runnerEvents := int64(c.Acked())
+	n := checkTask(t, s, id, runnerEvents)
+	t.Logf("100 KB log burst: %d KB in %d log events (largest %d bytes), timeline of %d, %s", len(strings.Join(lines, ""))/1000, len(got)*0+int(runnerEvents-1), biggest, n, s.task(id).Status)
 }
