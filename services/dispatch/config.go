@@ -56,8 +56,8 @@ func (c Config) Validate() error {
 		return errors.New("TASKRUNNER_DISPATCH_GLOBAL_RUNNING: must be at least 1")
 	case c.TaskTimeout < time.Minute/2:
 		return fmt.Errorf("TASKRUNNER_TASK_TIMEOUT: %s is too short", c.TaskTimeout)
-	case c.HeartbeatInterval <= 0:
-		return errors.New("TASKRUNNER_HEARTBEAT_INTERVAL: must be positive")
+	case c.HeartbeatInterval < 0:
+		return errors.New("dispatch: the heartbeat interval must not be negative")
 	case c.ReaperInterval <= 0:
 		return errors.New("TASKRUNNER_REAPER_INTERVAL: must be positive")
 	case c.OrphanGrace < 0 || c.CancelGrace < 0:

@@ -126,6 +126,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if cfg.RunnerTokenAddr == "" {
 		cfg.RunnerTokenAddr = cfg.RunnerEventsAddr
 	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = 10 * time.Second // config.Daemon's default
+	}
 	if cfg.RunnerModelProxyAddr == "" {
 		cfg.RunnerModelProxyAddr = cfg.ModelProxyAddr
 	}

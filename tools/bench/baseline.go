@@ -14,13 +14,14 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/platform/eventwire"
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
 
 // The baseline is a faithful small model of the design the runner
@@ -34,7 +35,11 @@ const (
 	signatureHeader = "X-Taskrunner-Signature"
 	timestampHeader = "X-Taskrunner-Timestamp"
 	maxClockSkew    = 5 * time.Minute
-	insertEventSQL  = `INSERT INTO task_events (task_id, seq, type, payload) VALUES ($1, $2, $3, $4) ON CONFLICT (task_id, seq) DO NOTHING`
+	insertEventSQL  = `INSERT INTO task_events (task_id, seq, runner_seq, type, payload) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (task_id, seq) DO NOTHING`
+	// A task's timeline starts with the control plane's events of its
+	// creation; the baseline (which predates the timeline) numbers the
+	// runner's events after them.
+	controlPlaneSQL = `SELECT count(*) FROM task_events WHERE task_id = $1 AND runner_seq IS NULL`
 )
 
 // Sign is the baseline's request signature: "sha256=" and the hex
@@ -73,6 +78,8 @@ type BaselineServer struct {
 	rdb    redis.UniversalClient
 	prefix string
 	log    *slog.Logger
+
+	offsets sync.Map // task id → control-plane events before the runner's
 }
 
 func (s *BaselineServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -106,13 +113,20 @@ func (s *BaselineServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad event", http.StatusBadRequest)
 		return
 	}
+	ctx := r.Context()
+	runnerSeq := ev.GetSeq()
+	off, err := s.offset(ctx, cb.TaskID)
+	if err != nil {
+		http.Error(w, "store", http.StatusInternalServerError)
+		return
+	}
+	ev.Seq += off
 	payload, err := eventwire.EncodeEvent(ev)
 	if err != nil {
 		http.Error(w, "encode", http.StatusInternalServerError)
 		return
 	}
-	ctx := r.Context()
-	if _, err := s.pool.Exec(ctx, insertEventSQL, cb.TaskID, ev.GetSeq(), eventwire.TypeName(ev), payload); err != nil {
+	if _, err := s.pool.Exec(ctx, insertEventSQL, cb.TaskID, ev.GetSeq(), runnerSeq, eventwire.TypeName(ev), payload); err != nil {
 		s.log.Warn("baseline: insert failed", "error", err)
 		http.Error(w, "store", http.StatusInternalServerError)
 		return
@@ -185,4 +199,18 @@ func (c *baselineClient) post(ctx context.Context, ev *taskrunnerv1.Event) error
 		return fmt.Errorf("baseline: %s: %s", resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return last
+}
+
+// offset is the number of control-plane events at the start of a task's
+// timeline, read once per task.
+func (s *BaselineServer) offset(ctx context.Context, taskID string) (int64, error) {
+	if v, ok := s.offsets.Load(taskID); ok {
+		return v.(int64), nil
+	}
+	var n int64
+	if err := s.pool.QueryRow(ctx, controlPlaneSQL, taskID).Scan(&n); err != nil {
+		return 0, err
+	}
+	s.offsets.Store(taskID, n)
+	return n, nil
 }

@@ -23,7 +23,9 @@ type watcher struct {
 	url    string
 	token  string
 
-	last       atomic.Int64 // highest seq received
+	last       atomic.Int64 // runner events received in order (the timeline's control-plane events not counted)
+	raw        atomic.Int64 // highest SSE id received (Last-Event-ID)
+	cp         int64        // control-plane events received
 	reconnects atomic.Int64
 	mu         sync.Mutex
 	lat        []time.Duration
@@ -63,7 +65,7 @@ func (w *watcher) stream(ctx context.Context, connected func()) error {
 	}
 	req.Header.Set("Authorization", "Bearer "+w.token)
 	req.Header.Set("Accept", "text/event-stream")
-	if n := w.last.Load(); n > 0 {
+	if n := w.raw.Load(); n > 0 {
 		req.Header.Set("Last-Event-ID", strconv.FormatInt(n, 10))
 	}
 	resp, err := w.client.Do(req)
@@ -76,6 +78,7 @@ func (w *watcher) stream(ctx context.Context, connected func()) error {
 	}
 	rd := bufio.NewReaderSize(resp.Body, 64<<10)
 	var id int64
+	var typ []byte
 	var sent time.Time
 	for {
 		line, err := rd.ReadSlice('\n')
@@ -88,14 +91,21 @@ func (w *watcher) stream(ctx context.Context, connected func()) error {
 		line = bytes.TrimRight(line, "\r\n")
 		switch {
 		case len(line) == 0: // end of a message
-			if id > w.last.Load() && !sent.IsZero() {
-				d := time.Since(sent)
-				w.mu.Lock()
-				w.lat = append(w.lat, d)
-				w.mu.Unlock()
-				w.last.Store(id)
+			if id > w.raw.Load() {
+				w.raw.Store(id)
+				if controlPlane[string(typ)] {
+					w.cp++ // the task's status changes: no publisher sent them
+				} else if !sent.IsZero() {
+					d := time.Since(sent)
+					w.mu.Lock()
+					w.lat = append(w.lat, d)
+					w.mu.Unlock()
+					w.last.Store(id - w.cp)
+				}
 			}
-			id, sent = 0, time.Time{}
+			id, typ, sent = 0, typ[:0], time.Time{}
+		case bytes.HasPrefix(line, []byte("event:")):
+			typ = append(typ[:0], bytes.TrimSpace(line[6:])...)
 		case bytes.HasPrefix(line, []byte("retry:")):
 			connected()
 		case bytes.HasPrefix(line, []byte("id:")):

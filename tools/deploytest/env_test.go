@@ -107,7 +107,24 @@ func taskctlVars(t *testing.T) []string {
 		}
 		return true
 	})
-	require.NotEmpty(t, out, "taskctl reads no variables? the parser missed os.Getenv/envOr")
+	// Flags that fall back to a variable are listed in taskctl's envFlags
+	// table ({flag, variable} pairs).
+	ast.Inspect(f, func(n ast.Node) bool {
+		vs, ok := n.(*ast.ValueSpec)
+		if !ok || len(vs.Names) != 1 || vs.Names[0].Name != "envFlags" {
+			return true
+		}
+		ast.Inspect(vs, func(n ast.Node) bool {
+			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+				if s, _ := strconv.Unquote(lit.Value); strings.HasPrefix(s, "TASKRUNNER_") {
+					out = append(out, s)
+				}
+			}
+			return true
+		})
+		return false
+	})
+	require.NotEmpty(t, out, "taskctl reads no variables? the parser missed os.Getenv/envOr/envFlags")
 	return out
 }
 

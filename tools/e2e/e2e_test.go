@@ -190,6 +190,8 @@ func (s *stack) do(t *testing.T, method, url, auth, body string) (int, map[strin
 type sseEvent struct {
 	id, name string
 	data     map[string]any
+	// end is set on a pseudo-event sent when the stream ends: why it did.
+	end string
 }
 
 // follow reads the task's SSE stream in the background: every event goes
@@ -218,6 +220,7 @@ func (s *stack) follow(t *testing.T, id, lastEventID string) (<-chan sseEvent, i
 		var cur sseEvent
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		defer func() { out <- sseEvent{end: fmt.Sprintf("stream ended: %v (last id %s)", sc.Err(), cur.id)} }()
 		for sc.Scan() {
 			line := sc.Text()
 			switch {
@@ -249,6 +252,10 @@ func until(t *testing.T, ch <-chan sseEvent, stop func(sseEvent) bool) []sseEven
 		case e, ok := <-ch:
 			if !ok {
 				return evs
+			}
+			if e.end != "" {
+				t.Log(e.end)
+				continue
 			}
 			evs = append(evs, e)
 			if stop(e) {
