@@ -150,7 +150,7 @@ var runnerCaps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FS
 
 // bwrapArgs builds the sandbox of one task: the host read-only (the
 // runner binary, git, node and the agent CLIs are reachable), a private
-// /tmp, /dev and /proc, the work root replaced by an empty read-only tmpfs
+// /tmp (mode 1777), /dev and /proc, the work root replaced by an empty read-only tmpfs
 // so other tasks' directories do not exist inside, and only the task's own
 // workspace mounted back writable. PID, IPC and UTS namespaces are
 // private; the network is kept (the runner dials the control plane).
@@ -159,8 +159,10 @@ func (p *Provider) bwrapArgs(work string, argv []string) []string {
 		"--ro-bind", "/", "/",
 		"--dev", "/dev",
 		"--proc", "/proc",
-		"--tmpfs", "/tmp",
-		"--tmpfs", "/var/tmp",
+		// World-writable and sticky, as on the host: the agent runs as an
+		// unprivileged user and writes there (Claude Code: /tmp/claude-<uid>).
+		"--perms", "1777", "--tmpfs", "/tmp",
+		"--perms", "1777", "--tmpfs", "/var/tmp",
 		"--tmpfs", p.cfg.WorkRoot,
 		"--dir", work,
 		"--remount-ro", p.cfg.WorkRoot,

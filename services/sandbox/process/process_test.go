@@ -266,6 +266,7 @@ echo own > own.txt && echo wrote-own >> $r
 if [ "$(id -u)" = 0 ]; then
   mkdir agent && chown 65534:65534 agent &&
     setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'echo "$(id -u)" > agent/who.txt' && echo agent-wrote >> $r
+  setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'mkdir /tmp/agent-65534' && echo agent-tmp >> $r
 fi
 mv $r report.txt
 exec sleep 300
@@ -307,6 +308,7 @@ exec sleep 300
 	require.FileExists(t, filepath.Join(aWork, "own.txt"))
 	if os.Geteuid() == 0 {
 		require.Contains(t, report, "agent-wrote", "the runner, root in the sandbox, can start the agent as an unprivileged user")
+		require.Contains(t, report, "agent-tmp", "the unprivileged agent can write in its private /tmp (Claude Code makes /tmp/claude-<uid>)")
 		who, err := os.ReadFile(filepath.Join(aWork, "agent", "who.txt"))
 		require.NoError(t, err)
 		require.Equal(t, "65534\n", string(who))
