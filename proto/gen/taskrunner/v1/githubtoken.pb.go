@@ -150,11 +150,13 @@ func (x *IssueRepoTokenResponse) GetGitBaseUrl() string {
 	return ""
 }
 
-// RepoAccessRequest names a repository.
+// RepoAccessRequest names a repository and, optionally, a branch.
 type RepoAccessRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Repository as owner/name.
-	Repo          string `protobuf:"bytes,1,opt,name=repo,proto3" json:"repo,omitempty"`
+	Repo string `protobuf:"bytes,1,opt,name=repo,proto3" json:"repo,omitempty"`
+	// Branch that must exist in the repository; empty: not checked.
+	BaseBranch    string `protobuf:"bytes,2,opt,name=base_branch,json=baseBranch,proto3" json:"base_branch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -196,15 +198,29 @@ func (x *RepoAccessRequest) GetRepo() string {
 	return ""
 }
 
-// RepoAccessResponse says whether the App is installed on the repository.
+func (x *RepoAccessRequest) GetBaseBranch() string {
+	if x != nil {
+		return x.BaseBranch
+	}
+	return ""
+}
+
+// RepoAccessResponse says whether the App is installed on the repository
+// and whether the branch asked about exists.
 type RepoAccessResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// True when a token can be issued for the repository.
+	// True when a token can be issued for the repository and the branch (if
+	// one was named) exists.
 	Accessible bool `protobuf:"varint,1,opt,name=accessible,proto3" json:"accessible,omitempty"`
 	// Installation id, in App mode.
 	InstallationId int64 `protobuf:"varint,2,opt,name=installation_id,json=installationId,proto3" json:"installation_id,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What is missing when accessible is false: "installation" (the App is
+	// not installed on the repository, or the repository does not exist),
+	// "repository" (personal-token mode: the token cannot read it) or
+	// "branch" (the repository is reachable but has no base_branch).
+	Missing       string `protobuf:"bytes,3,opt,name=missing,proto3" json:"missing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RepoAccessResponse) Reset() {
@@ -249,6 +265,13 @@ func (x *RepoAccessResponse) GetInstallationId() int64 {
 		return x.InstallationId
 	}
 	return 0
+}
+
+func (x *RepoAccessResponse) GetMissing() string {
+	if x != nil {
+		return x.Missing
+	}
+	return ""
 }
 
 // RepoPermissionRequest names a repository and a user.
@@ -660,14 +683,17 @@ const file_taskrunner_v1_githubtoken_proto_rawDesc = "" +
 	"\fapi_base_url\x18\x04 \x01(\tR\n" +
 	"apiBaseUrl\x12 \n" +
 	"\fgit_base_url\x18\x05 \x01(\tR\n" +
-	"gitBaseUrl\"'\n" +
+	"gitBaseUrl\"H\n" +
 	"\x11RepoAccessRequest\x12\x12\n" +
-	"\x04repo\x18\x01 \x01(\tR\x04repo\"]\n" +
+	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x1f\n" +
+	"\vbase_branch\x18\x02 \x01(\tR\n" +
+	"baseBranch\"w\n" +
 	"\x12RepoAccessResponse\x12\x1e\n" +
 	"\n" +
 	"accessible\x18\x01 \x01(\bR\n" +
 	"accessible\x12'\n" +
-	"\x0finstallation_id\x18\x02 \x01(\x03R\x0einstallationId\"A\n" +
+	"\x0finstallation_id\x18\x02 \x01(\x03R\x0einstallationId\x12\x18\n" +
+	"\amissing\x18\x03 \x01(\tR\amissing\"A\n" +
 	"\x15RepoPermissionRequest\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x14\n" +
 	"\x05login\x18\x02 \x01(\tR\x05login\"8\n" +

@@ -37,7 +37,9 @@ type GitHubTokenServiceClient interface {
 	// IssueRepoToken returns a token for the calling runner's task repository
 	// only, with contents: write and pull_requests: write.
 	IssueRepoToken(ctx context.Context, in *IssueRepoTokenRequest, opts ...grpc.CallOption) (*IssueRepoTokenResponse, error)
-	// RepoAccess tells whether the GitHub App can act on a repository.
+	// RepoAccess tells whether the GitHub App can act on a repository and,
+	// when base_branch is set, whether that branch exists (TaskService asks
+	// before a task spends quota or a sandbox).
 	RepoAccess(ctx context.Context, in *RepoAccessRequest, opts ...grpc.CallOption) (*RepoAccessResponse, error)
 	// RepoPermission is a user's permission on a repository: "admin",
 	// "write", "read" or "none" (internal: the webhook obeys only writers).
@@ -119,7 +121,9 @@ type GitHubTokenServiceServer interface {
 	// IssueRepoToken returns a token for the calling runner's task repository
 	// only, with contents: write and pull_requests: write.
 	IssueRepoToken(context.Context, *IssueRepoTokenRequest) (*IssueRepoTokenResponse, error)
-	// RepoAccess tells whether the GitHub App can act on a repository.
+	// RepoAccess tells whether the GitHub App can act on a repository and,
+	// when base_branch is set, whether that branch exists (TaskService asks
+	// before a task spends quota or a sandbox).
 	RepoAccess(context.Context, *RepoAccessRequest) (*RepoAccessResponse, error)
 	// RepoPermission is a user's permission on a repository: "admin",
 	// "write", "read" or "none" (internal: the webhook obeys only writers).

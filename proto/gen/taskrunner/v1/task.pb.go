@@ -392,7 +392,13 @@ type Task struct {
 	// follow-up that started.
 	Run int32 `protobuf:"varint,24,opt,name=run,proto3" json:"run,omitempty"`
 	// Every run of the task, oldest first.
-	Runs          []*TaskRun `protobuf:"bytes,25,rep,name=runs,proto3" json:"runs,omitempty"`
+	Runs []*TaskRun `protobuf:"bytes,25,rep,name=runs,proto3" json:"runs,omitempty"`
+	// The task's effective budget for model calls, in USD: what was set at
+	// create, bounded by the server's maximum (the maximum when none was set).
+	MaxBudgetUsd float64 `protobuf:"fixed64,26,opt,name=max_budget_usd,json=maxBudgetUsd,proto3" json:"max_budget_usd,omitempty"`
+	// The owner's daily spending quota and what is spent of it today (GetTask
+	// only; absent when the server has no owner quota configured).
+	OwnerQuota    *OwnerQuota `protobuf:"bytes,27,opt,name=owner_quota,json=ownerQuota,proto3" json:"owner_quota,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -602,6 +608,84 @@ func (x *Task) GetRuns() []*TaskRun {
 	return nil
 }
 
+func (x *Task) GetMaxBudgetUsd() float64 {
+	if x != nil {
+		return x.MaxBudgetUsd
+	}
+	return 0
+}
+
+func (x *Task) GetOwnerQuota() *OwnerQuota {
+	if x != nil {
+		return x.OwnerQuota
+	}
+	return nil
+}
+
+// OwnerQuota is an owner's daily USD quota on model calls.
+type OwnerQuota struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The quota (TASKRUNNER_OWNER_DAILY_USD).
+	DailyUsd float64 `protobuf:"fixed64,1,opt,name=daily_usd,json=dailyUsd,proto3" json:"daily_usd,omitempty"`
+	// What the owner's tasks created since 00:00 UTC have spent.
+	SpentTodayUsd float64 `protobuf:"fixed64,2,opt,name=spent_today_usd,json=spentTodayUsd,proto3" json:"spent_today_usd,omitempty"`
+	// When the day's spending resets (the next 00:00 UTC).
+	ResetsTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=resets_time,json=resetsTime,proto3" json:"resets_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OwnerQuota) Reset() {
+	*x = OwnerQuota{}
+	mi := &file_taskrunner_v1_task_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OwnerQuota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OwnerQuota) ProtoMessage() {}
+
+func (x *OwnerQuota) ProtoReflect() protoreflect.Message {
+	mi := &file_taskrunner_v1_task_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OwnerQuota.ProtoReflect.Descriptor instead.
+func (*OwnerQuota) Descriptor() ([]byte, []int) {
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *OwnerQuota) GetDailyUsd() float64 {
+	if x != nil {
+		return x.DailyUsd
+	}
+	return 0
+}
+
+func (x *OwnerQuota) GetSpentTodayUsd() float64 {
+	if x != nil {
+		return x.SpentTodayUsd
+	}
+	return 0
+}
+
+func (x *OwnerQuota) GetResetsTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResetsTime
+	}
+	return nil
+}
+
 // TaskRun is one run of a task: the first, or a follow-up.
 type TaskRun struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -627,7 +711,7 @@ type TaskRun struct {
 
 func (x *TaskRun) Reset() {
 	*x = TaskRun{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[3]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -639,7 +723,7 @@ func (x *TaskRun) String() string {
 func (*TaskRun) ProtoMessage() {}
 
 func (x *TaskRun) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[3]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -652,7 +736,7 @@ func (x *TaskRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskRun.ProtoReflect.Descriptor instead.
 func (*TaskRun) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{3}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TaskRun) GetNumber() int32 {
@@ -730,7 +814,7 @@ type FollowUpTaskRequest struct {
 
 func (x *FollowUpTaskRequest) Reset() {
 	*x = FollowUpTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[4]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +826,7 @@ func (x *FollowUpTaskRequest) String() string {
 func (*FollowUpTaskRequest) ProtoMessage() {}
 
 func (x *FollowUpTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[4]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +839,7 @@ func (x *FollowUpTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowUpTaskRequest.ProtoReflect.Descriptor instead.
 func (*FollowUpTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{4}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *FollowUpTaskRequest) GetId() string {
@@ -808,7 +892,7 @@ type FollowUpTaskResponse struct {
 
 func (x *FollowUpTaskResponse) Reset() {
 	*x = FollowUpTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[5]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +904,7 @@ func (x *FollowUpTaskResponse) String() string {
 func (*FollowUpTaskResponse) ProtoMessage() {}
 
 func (x *FollowUpTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[5]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +917,7 @@ func (x *FollowUpTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowUpTaskResponse.ProtoReflect.Descriptor instead.
 func (*FollowUpTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{5}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FollowUpTaskResponse) GetTask() *Task {
@@ -871,14 +955,17 @@ type CreateTaskRequest struct {
 	// Idempotency key: repeating a create with the same key returns the same task.
 	RequestId string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Dispatch the task right after creating it.
-	Dispatch      bool `protobuf:"varint,6,opt,name=dispatch,proto3" json:"dispatch,omitempty"`
+	Dispatch bool `protobuf:"varint,6,opt,name=dispatch,proto3" json:"dispatch,omitempty"`
+	// Most the task may spend on model calls, in USD; 0: the server's maximum
+	// (TASKRUNNER_MAX_BUDGET_USD), which also bounds it.
+	MaxBudgetUsd  float64 `protobuf:"fixed64,7,opt,name=max_budget_usd,json=maxBudgetUsd,proto3" json:"max_budget_usd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateTaskRequest) Reset() {
 	*x = CreateTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[6]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +977,7 @@ func (x *CreateTaskRequest) String() string {
 func (*CreateTaskRequest) ProtoMessage() {}
 
 func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[6]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +990,7 @@ func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
 func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{6}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateTaskRequest) GetRepo() string {
@@ -948,6 +1035,13 @@ func (x *CreateTaskRequest) GetDispatch() bool {
 	return false
 }
 
+func (x *CreateTaskRequest) GetMaxBudgetUsd() float64 {
+	if x != nil {
+		return x.MaxBudgetUsd
+	}
+	return 0
+}
+
 // CreateTaskResponse carries the created (or earlier created) task.
 type CreateTaskResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -959,7 +1053,7 @@ type CreateTaskResponse struct {
 
 func (x *CreateTaskResponse) Reset() {
 	*x = CreateTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[7]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1065,7 @@ func (x *CreateTaskResponse) String() string {
 func (*CreateTaskResponse) ProtoMessage() {}
 
 func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[7]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1078,7 @@ func (x *CreateTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskResponse.ProtoReflect.Descriptor instead.
 func (*CreateTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{7}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateTaskResponse) GetTask() *Task {
@@ -1005,7 +1099,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[8]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1111,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[8]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1124,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{8}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -1051,7 +1145,7 @@ type GetTaskResponse struct {
 
 func (x *GetTaskResponse) Reset() {
 	*x = GetTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[9]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1157,7 @@ func (x *GetTaskResponse) String() string {
 func (*GetTaskResponse) ProtoMessage() {}
 
 func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[9]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1170,7 @@ func (x *GetTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{9}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetTaskResponse) GetTask() *Task {
@@ -1103,7 +1197,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[10]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1209,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[10]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1222,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{10}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListTasksRequest) GetPageSize() int32 {
@@ -1172,7 +1266,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[11]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1278,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[11]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,7 +1291,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{11}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -1225,7 +1319,7 @@ type DispatchTaskRequest struct {
 
 func (x *DispatchTaskRequest) Reset() {
 	*x = DispatchTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[12]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1331,7 @@ func (x *DispatchTaskRequest) String() string {
 func (*DispatchTaskRequest) ProtoMessage() {}
 
 func (x *DispatchTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[12]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1344,7 @@ func (x *DispatchTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchTaskRequest.ProtoReflect.Descriptor instead.
 func (*DispatchTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{12}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DispatchTaskRequest) GetId() string {
@@ -1271,7 +1365,7 @@ type DispatchTaskResponse struct {
 
 func (x *DispatchTaskResponse) Reset() {
 	*x = DispatchTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[13]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1377,7 @@ func (x *DispatchTaskResponse) String() string {
 func (*DispatchTaskResponse) ProtoMessage() {}
 
 func (x *DispatchTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[13]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1390,7 @@ func (x *DispatchTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchTaskResponse.ProtoReflect.Descriptor instead.
 func (*DispatchTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{13}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DispatchTaskResponse) GetTask() *Task {
@@ -1319,7 +1413,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[14]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1425,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[14]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1438,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{14}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelTaskRequest) GetId() string {
@@ -1372,7 +1466,7 @@ type CancelTaskResponse struct {
 
 func (x *CancelTaskResponse) Reset() {
 	*x = CancelTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[15]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1478,7 @@ func (x *CancelTaskResponse) String() string {
 func (*CancelTaskResponse) ProtoMessage() {}
 
 func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[15]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1491,7 @@ func (x *CancelTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{15}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelTaskResponse) GetTask() *Task {
@@ -1420,7 +1514,7 @@ type RetryTaskRequest struct {
 
 func (x *RetryTaskRequest) Reset() {
 	*x = RetryTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[16]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1526,7 @@ func (x *RetryTaskRequest) String() string {
 func (*RetryTaskRequest) ProtoMessage() {}
 
 func (x *RetryTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[16]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1539,7 @@ func (x *RetryTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryTaskRequest.ProtoReflect.Descriptor instead.
 func (*RetryTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{16}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RetryTaskRequest) GetId() string {
@@ -1473,7 +1567,7 @@ type RetryTaskResponse struct {
 
 func (x *RetryTaskResponse) Reset() {
 	*x = RetryTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[17]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1579,7 @@ func (x *RetryTaskResponse) String() string {
 func (*RetryTaskResponse) ProtoMessage() {}
 
 func (x *RetryTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[17]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1592,7 @@ func (x *RetryTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryTaskResponse.ProtoReflect.Descriptor instead.
 func (*RetryTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{17}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RetryTaskResponse) GetTask() *Task {
@@ -1548,7 +1642,7 @@ type AdvanceTaskRequest struct {
 
 func (x *AdvanceTaskRequest) Reset() {
 	*x = AdvanceTaskRequest{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[18]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1654,7 @@ func (x *AdvanceTaskRequest) String() string {
 func (*AdvanceTaskRequest) ProtoMessage() {}
 
 func (x *AdvanceTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[18]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1667,7 @@ func (x *AdvanceTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceTaskRequest.ProtoReflect.Descriptor instead.
 func (*AdvanceTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{18}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AdvanceTaskRequest) GetTaskId() string {
@@ -1687,7 +1781,7 @@ type AdvanceTaskResponse struct {
 
 func (x *AdvanceTaskResponse) Reset() {
 	*x = AdvanceTaskResponse{}
-	mi := &file_taskrunner_v1_task_proto_msgTypes[19]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1793,7 @@ func (x *AdvanceTaskResponse) String() string {
 func (*AdvanceTaskResponse) ProtoMessage() {}
 
 func (x *AdvanceTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskrunner_v1_task_proto_msgTypes[19]
+	mi := &file_taskrunner_v1_task_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1806,7 @@ func (x *AdvanceTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceTaskResponse.ProtoReflect.Descriptor instead.
 func (*AdvanceTaskResponse) Descriptor() ([]byte, []int) {
-	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{19}
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AdvanceTaskResponse) GetTask() *Task {
@@ -1742,7 +1836,7 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\bcost_usd\x18\x01 \x01(\x01R\acostUsd\x12\x1b\n" +
 	"\ttokens_in\x18\x02 \x01(\x03R\btokensIn\x12\x1d\n" +
 	"\n" +
-	"tokens_out\x18\x03 \x01(\x03R\ttokensOut\"\xbe\a\n" +
+	"tokens_out\x18\x03 \x01(\x03R\ttokensOut\"\xa0\b\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x12\n" +
@@ -1774,7 +1868,16 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\x0equeue_position\x18\x16 \x01(\x03R\rqueuePosition\x12!\n" +
 	"\ftimeline_seq\x18\x17 \x01(\x03R\vtimelineSeq\x12\x10\n" +
 	"\x03run\x18\x18 \x01(\x05R\x03run\x12*\n" +
-	"\x04runs\x18\x19 \x03(\v2\x16.taskrunner.v1.TaskRunR\x04runs\"\xae\x02\n" +
+	"\x04runs\x18\x19 \x03(\v2\x16.taskrunner.v1.TaskRunR\x04runs\x12$\n" +
+	"\x0emax_budget_usd\x18\x1a \x01(\x01R\fmaxBudgetUsd\x12:\n" +
+	"\vowner_quota\x18\x1b \x01(\v2\x19.taskrunner.v1.OwnerQuotaR\n" +
+	"ownerQuota\"\x8e\x01\n" +
+	"\n" +
+	"OwnerQuota\x12\x1b\n" +
+	"\tdaily_usd\x18\x01 \x01(\x01R\bdailyUsd\x12&\n" +
+	"\x0fspent_today_usd\x18\x02 \x01(\x01R\rspentTodayUsd\x12;\n" +
+	"\vresets_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"resetsTime\"\xae\x02\n" +
 	"\aTaskRun\x12\x16\n" +
 	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x18\n" +
 	"\atrigger\x18\x02 \x01(\tR\atrigger\x12\x16\n" +
@@ -1796,7 +1899,7 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\x14FollowUpTaskResponse\x12'\n" +
 	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\x12(\n" +
 	"\x03run\x18\x02 \x01(\v2\x16.taskrunner.v1.TaskRunR\x03run\x12\x18\n" +
-	"\acreated\x18\x03 \x01(\bR\acreated\"\xc7\x01\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"\xed\x01\n" +
 	"\x11CreateTaskRequest\x12\x12\n" +
 	"\x04repo\x18\x01 \x01(\tR\x04repo\x12\x1f\n" +
 	"\vbase_branch\x18\x02 \x01(\tR\n" +
@@ -1805,7 +1908,8 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\x05agent\x18\x04 \x01(\x0e2\x14.taskrunner.v1.AgentR\x05agent\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x05 \x01(\tR\trequestId\x12\x1a\n" +
-	"\bdispatch\x18\x06 \x01(\bR\bdispatch\"=\n" +
+	"\bdispatch\x18\x06 \x01(\bR\bdispatch\x12$\n" +
+	"\x0emax_budget_usd\x18\a \x01(\x01R\fmaxBudgetUsd\"=\n" +
 	"\x12CreateTaskResponse\x12'\n" +
 	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\" \n" +
 	"\x0eGetTaskRequest\x12\x0e\n" +
@@ -1902,7 +2006,7 @@ func file_taskrunner_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_taskrunner_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_taskrunner_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_taskrunner_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_taskrunner_v1_task_proto_goTypes = []any{
 	(TaskStatus)(0),               // 0: taskrunner.v1.TaskStatus
 	(TaskStage)(0),                // 1: taskrunner.v1.TaskStage
@@ -1910,24 +2014,25 @@ var file_taskrunner_v1_task_proto_goTypes = []any{
 	(*DiffStats)(nil),             // 3: taskrunner.v1.DiffStats
 	(*Usage)(nil),                 // 4: taskrunner.v1.Usage
 	(*Task)(nil),                  // 5: taskrunner.v1.Task
-	(*TaskRun)(nil),               // 6: taskrunner.v1.TaskRun
-	(*FollowUpTaskRequest)(nil),   // 7: taskrunner.v1.FollowUpTaskRequest
-	(*FollowUpTaskResponse)(nil),  // 8: taskrunner.v1.FollowUpTaskResponse
-	(*CreateTaskRequest)(nil),     // 9: taskrunner.v1.CreateTaskRequest
-	(*CreateTaskResponse)(nil),    // 10: taskrunner.v1.CreateTaskResponse
-	(*GetTaskRequest)(nil),        // 11: taskrunner.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),       // 12: taskrunner.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),      // 13: taskrunner.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),     // 14: taskrunner.v1.ListTasksResponse
-	(*DispatchTaskRequest)(nil),   // 15: taskrunner.v1.DispatchTaskRequest
-	(*DispatchTaskResponse)(nil),  // 16: taskrunner.v1.DispatchTaskResponse
-	(*CancelTaskRequest)(nil),     // 17: taskrunner.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),    // 18: taskrunner.v1.CancelTaskResponse
-	(*RetryTaskRequest)(nil),      // 19: taskrunner.v1.RetryTaskRequest
-	(*RetryTaskResponse)(nil),     // 20: taskrunner.v1.RetryTaskResponse
-	(*AdvanceTaskRequest)(nil),    // 21: taskrunner.v1.AdvanceTaskRequest
-	(*AdvanceTaskResponse)(nil),   // 22: taskrunner.v1.AdvanceTaskResponse
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*OwnerQuota)(nil),            // 6: taskrunner.v1.OwnerQuota
+	(*TaskRun)(nil),               // 7: taskrunner.v1.TaskRun
+	(*FollowUpTaskRequest)(nil),   // 8: taskrunner.v1.FollowUpTaskRequest
+	(*FollowUpTaskResponse)(nil),  // 9: taskrunner.v1.FollowUpTaskResponse
+	(*CreateTaskRequest)(nil),     // 10: taskrunner.v1.CreateTaskRequest
+	(*CreateTaskResponse)(nil),    // 11: taskrunner.v1.CreateTaskResponse
+	(*GetTaskRequest)(nil),        // 12: taskrunner.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),       // 13: taskrunner.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),      // 14: taskrunner.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),     // 15: taskrunner.v1.ListTasksResponse
+	(*DispatchTaskRequest)(nil),   // 16: taskrunner.v1.DispatchTaskRequest
+	(*DispatchTaskResponse)(nil),  // 17: taskrunner.v1.DispatchTaskResponse
+	(*CancelTaskRequest)(nil),     // 18: taskrunner.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),    // 19: taskrunner.v1.CancelTaskResponse
+	(*RetryTaskRequest)(nil),      // 20: taskrunner.v1.RetryTaskRequest
+	(*RetryTaskResponse)(nil),     // 21: taskrunner.v1.RetryTaskResponse
+	(*AdvanceTaskRequest)(nil),    // 22: taskrunner.v1.AdvanceTaskRequest
+	(*AdvanceTaskResponse)(nil),   // 23: taskrunner.v1.AdvanceTaskResponse
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
 }
 var file_taskrunner_v1_task_proto_depIdxs = []int32{
 	2,  // 0: taskrunner.v1.Task.agent:type_name -> taskrunner.v1.Agent
@@ -1935,49 +2040,51 @@ var file_taskrunner_v1_task_proto_depIdxs = []int32{
 	1,  // 2: taskrunner.v1.Task.stage:type_name -> taskrunner.v1.TaskStage
 	3,  // 3: taskrunner.v1.Task.diff_stats:type_name -> taskrunner.v1.DiffStats
 	4,  // 4: taskrunner.v1.Task.usage:type_name -> taskrunner.v1.Usage
-	23, // 5: taskrunner.v1.Task.deadline_time:type_name -> google.protobuf.Timestamp
-	23, // 6: taskrunner.v1.Task.heartbeat_time:type_name -> google.protobuf.Timestamp
-	23, // 7: taskrunner.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	23, // 8: taskrunner.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	6,  // 9: taskrunner.v1.Task.runs:type_name -> taskrunner.v1.TaskRun
-	3,  // 10: taskrunner.v1.TaskRun.diff_stats:type_name -> taskrunner.v1.DiffStats
-	4,  // 11: taskrunner.v1.TaskRun.usage:type_name -> taskrunner.v1.Usage
-	23, // 12: taskrunner.v1.TaskRun.create_time:type_name -> google.protobuf.Timestamp
-	5,  // 13: taskrunner.v1.FollowUpTaskResponse.task:type_name -> taskrunner.v1.Task
-	6,  // 14: taskrunner.v1.FollowUpTaskResponse.run:type_name -> taskrunner.v1.TaskRun
-	2,  // 15: taskrunner.v1.CreateTaskRequest.agent:type_name -> taskrunner.v1.Agent
-	5,  // 16: taskrunner.v1.CreateTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 17: taskrunner.v1.GetTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 18: taskrunner.v1.ListTasksResponse.tasks:type_name -> taskrunner.v1.Task
-	5,  // 19: taskrunner.v1.DispatchTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 20: taskrunner.v1.CancelTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 21: taskrunner.v1.RetryTaskResponse.task:type_name -> taskrunner.v1.Task
-	0,  // 22: taskrunner.v1.AdvanceTaskRequest.status:type_name -> taskrunner.v1.TaskStatus
-	1,  // 23: taskrunner.v1.AdvanceTaskRequest.stage:type_name -> taskrunner.v1.TaskStage
-	3,  // 24: taskrunner.v1.AdvanceTaskRequest.diff_stats:type_name -> taskrunner.v1.DiffStats
-	4,  // 25: taskrunner.v1.AdvanceTaskRequest.usage:type_name -> taskrunner.v1.Usage
-	5,  // 26: taskrunner.v1.AdvanceTaskResponse.task:type_name -> taskrunner.v1.Task
-	9,  // 27: taskrunner.v1.TaskService.CreateTask:input_type -> taskrunner.v1.CreateTaskRequest
-	11, // 28: taskrunner.v1.TaskService.GetTask:input_type -> taskrunner.v1.GetTaskRequest
-	13, // 29: taskrunner.v1.TaskService.ListTasks:input_type -> taskrunner.v1.ListTasksRequest
-	15, // 30: taskrunner.v1.TaskService.DispatchTask:input_type -> taskrunner.v1.DispatchTaskRequest
-	17, // 31: taskrunner.v1.TaskService.CancelTask:input_type -> taskrunner.v1.CancelTaskRequest
-	19, // 32: taskrunner.v1.TaskService.RetryTask:input_type -> taskrunner.v1.RetryTaskRequest
-	21, // 33: taskrunner.v1.TaskService.AdvanceTask:input_type -> taskrunner.v1.AdvanceTaskRequest
-	7,  // 34: taskrunner.v1.TaskService.FollowUpTask:input_type -> taskrunner.v1.FollowUpTaskRequest
-	10, // 35: taskrunner.v1.TaskService.CreateTask:output_type -> taskrunner.v1.CreateTaskResponse
-	12, // 36: taskrunner.v1.TaskService.GetTask:output_type -> taskrunner.v1.GetTaskResponse
-	14, // 37: taskrunner.v1.TaskService.ListTasks:output_type -> taskrunner.v1.ListTasksResponse
-	16, // 38: taskrunner.v1.TaskService.DispatchTask:output_type -> taskrunner.v1.DispatchTaskResponse
-	18, // 39: taskrunner.v1.TaskService.CancelTask:output_type -> taskrunner.v1.CancelTaskResponse
-	20, // 40: taskrunner.v1.TaskService.RetryTask:output_type -> taskrunner.v1.RetryTaskResponse
-	22, // 41: taskrunner.v1.TaskService.AdvanceTask:output_type -> taskrunner.v1.AdvanceTaskResponse
-	8,  // 42: taskrunner.v1.TaskService.FollowUpTask:output_type -> taskrunner.v1.FollowUpTaskResponse
-	35, // [35:43] is the sub-list for method output_type
-	27, // [27:35] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	24, // 5: taskrunner.v1.Task.deadline_time:type_name -> google.protobuf.Timestamp
+	24, // 6: taskrunner.v1.Task.heartbeat_time:type_name -> google.protobuf.Timestamp
+	24, // 7: taskrunner.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	24, // 8: taskrunner.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	7,  // 9: taskrunner.v1.Task.runs:type_name -> taskrunner.v1.TaskRun
+	6,  // 10: taskrunner.v1.Task.owner_quota:type_name -> taskrunner.v1.OwnerQuota
+	24, // 11: taskrunner.v1.OwnerQuota.resets_time:type_name -> google.protobuf.Timestamp
+	3,  // 12: taskrunner.v1.TaskRun.diff_stats:type_name -> taskrunner.v1.DiffStats
+	4,  // 13: taskrunner.v1.TaskRun.usage:type_name -> taskrunner.v1.Usage
+	24, // 14: taskrunner.v1.TaskRun.create_time:type_name -> google.protobuf.Timestamp
+	5,  // 15: taskrunner.v1.FollowUpTaskResponse.task:type_name -> taskrunner.v1.Task
+	7,  // 16: taskrunner.v1.FollowUpTaskResponse.run:type_name -> taskrunner.v1.TaskRun
+	2,  // 17: taskrunner.v1.CreateTaskRequest.agent:type_name -> taskrunner.v1.Agent
+	5,  // 18: taskrunner.v1.CreateTaskResponse.task:type_name -> taskrunner.v1.Task
+	5,  // 19: taskrunner.v1.GetTaskResponse.task:type_name -> taskrunner.v1.Task
+	5,  // 20: taskrunner.v1.ListTasksResponse.tasks:type_name -> taskrunner.v1.Task
+	5,  // 21: taskrunner.v1.DispatchTaskResponse.task:type_name -> taskrunner.v1.Task
+	5,  // 22: taskrunner.v1.CancelTaskResponse.task:type_name -> taskrunner.v1.Task
+	5,  // 23: taskrunner.v1.RetryTaskResponse.task:type_name -> taskrunner.v1.Task
+	0,  // 24: taskrunner.v1.AdvanceTaskRequest.status:type_name -> taskrunner.v1.TaskStatus
+	1,  // 25: taskrunner.v1.AdvanceTaskRequest.stage:type_name -> taskrunner.v1.TaskStage
+	3,  // 26: taskrunner.v1.AdvanceTaskRequest.diff_stats:type_name -> taskrunner.v1.DiffStats
+	4,  // 27: taskrunner.v1.AdvanceTaskRequest.usage:type_name -> taskrunner.v1.Usage
+	5,  // 28: taskrunner.v1.AdvanceTaskResponse.task:type_name -> taskrunner.v1.Task
+	10, // 29: taskrunner.v1.TaskService.CreateTask:input_type -> taskrunner.v1.CreateTaskRequest
+	12, // 30: taskrunner.v1.TaskService.GetTask:input_type -> taskrunner.v1.GetTaskRequest
+	14, // 31: taskrunner.v1.TaskService.ListTasks:input_type -> taskrunner.v1.ListTasksRequest
+	16, // 32: taskrunner.v1.TaskService.DispatchTask:input_type -> taskrunner.v1.DispatchTaskRequest
+	18, // 33: taskrunner.v1.TaskService.CancelTask:input_type -> taskrunner.v1.CancelTaskRequest
+	20, // 34: taskrunner.v1.TaskService.RetryTask:input_type -> taskrunner.v1.RetryTaskRequest
+	22, // 35: taskrunner.v1.TaskService.AdvanceTask:input_type -> taskrunner.v1.AdvanceTaskRequest
+	8,  // 36: taskrunner.v1.TaskService.FollowUpTask:input_type -> taskrunner.v1.FollowUpTaskRequest
+	11, // 37: taskrunner.v1.TaskService.CreateTask:output_type -> taskrunner.v1.CreateTaskResponse
+	13, // 38: taskrunner.v1.TaskService.GetTask:output_type -> taskrunner.v1.GetTaskResponse
+	15, // 39: taskrunner.v1.TaskService.ListTasks:output_type -> taskrunner.v1.ListTasksResponse
+	17, // 40: taskrunner.v1.TaskService.DispatchTask:output_type -> taskrunner.v1.DispatchTaskResponse
+	19, // 41: taskrunner.v1.TaskService.CancelTask:output_type -> taskrunner.v1.CancelTaskResponse
+	21, // 42: taskrunner.v1.TaskService.RetryTask:output_type -> taskrunner.v1.RetryTaskResponse
+	23, // 43: taskrunner.v1.TaskService.AdvanceTask:output_type -> taskrunner.v1.AdvanceTaskResponse
+	9,  // 44: taskrunner.v1.TaskService.FollowUpTask:output_type -> taskrunner.v1.FollowUpTaskResponse
+	37, // [37:45] is the sub-list for method output_type
+	29, // [29:37] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_taskrunner_v1_task_proto_init() }
@@ -1991,7 +2098,7 @@ func file_taskrunner_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskrunner_v1_task_proto_rawDesc), len(file_taskrunner_v1_task_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
