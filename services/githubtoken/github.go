@@ -194,6 +194,19 @@ func (g *githubAPI) repoReachable(ctx context.Context, owner, name string) (bool
 	return true, nil
 }
 
+// branchExists reports whether owner/name has branch, read with tok (an installation token
+// or the personal token).
+func (g *githubAPI) branchExists(ctx context.Context, tok, owner, name, branch string) (bool, error) {
+	_, resp, err := g.client("token "+tok).Repositories.GetBranch(ctx, owner, name, branch, 1)
+	if resp != nil && resp.StatusCode == http.StatusNotFound {
+		return false, nil
+	}
+	if err != nil {
+		return false, g.sanitize("get branch "+branch+" of "+owner+"/"+name, resp, err)
+	}
+	return true, nil
+}
+
 func statusOf(err error) int {
 	var ae *apiError
 	if errors.As(err, &ae) {

@@ -178,30 +178,72 @@ func (s *Server) IssueRepoToken(ctx context.Context, req *taskrunnerv1.IssueRepo
 	}, nil
 }
 
+// What RepoAccessResponse.missing names when access is refused.
+const (
+	MissingInstallation = "installation"
+	MissingRepository   = "repository"
+	MissingBranch       = "branch"
+)
+
 // RepoAccess implements GitHubTokenService for internal callers.
 func (s *Server) RepoAccess(ctx context.Context, req *taskrunnerv1.RepoAccessRequest) (*taskrunnerv1.RepoAccessResponse, error) {
 	if _, err := auth.RequireScope(ctx, auth.ScopeInternal); err != nil {
 		return nil, err
 	}
-	if err := task.ValidateRepo("repo", req.GetRepo()); err != nil {
+	return s.CheckRepo(ctx, req.GetRepo(), req.GetBaseBranch())
+}
+
+// CheckRepo is RepoAccess for a caller in this process that has already authorized its own
+// caller (TaskService checks a task's repository before it spends anything): whether the
+// GitHub App (or the personal token) can act on repo and, when branch is not empty, whether
+// the branch exists. A definite "no" is an answer (accessible false, missing set); only a
+// failure to ask GitHub is an error.
+func (s *Server) CheckRepo(ctx context.Context, repo, branch string) (*taskrunnerv1.RepoAccessResponse, error) {
+	if err := task.ValidateRepo("repo", repo); err != nil {
 		return nil, err
 	}
-	owner, name, _ := strings.Cut(req.GetRepo(), "/")
+	if branch != "" {
+		if err := task.ValidateBranch("base_branch", branch); err != nil {
+			return nil, err
+		}
+	}
+	owner, name, _ := strings.Cut(repo, "/")
+	out := &taskrunnerv1.RepoAccessResponse{Accessible: true}
 	if !s.cfg.AppMode() {
 		ok, err := s.gh.repoReachable(ctx, owner, name)
 		if err != nil {
 			return nil, s.domainError(ctx, err)
 		}
-		return &taskrunnerv1.RepoAccessResponse{Accessible: ok}, nil
-	}
-	inst, err := s.installation(ctx, req.GetRepo())
-	if err != nil {
-		if statusOf(err) == http.StatusNotFound {
-			return &taskrunnerv1.RepoAccessResponse{}, nil
+		if !ok {
+			return &taskrunnerv1.RepoAccessResponse{Missing: MissingRepository}, nil
 		}
+	} else {
+		inst, err := s.installation(ctx, repo)
+		if err != nil {
+			if statusOf(err) == http.StatusNotFound {
+				return &taskrunnerv1.RepoAccessResponse{Missing: MissingInstallation}, nil
+			}
+			return nil, s.domainError(ctx, err)
+		}
+		out.InstallationId = inst
+	}
+	if branch == "" {
+		return out, nil
+	}
+	tok, _, _, _, err := s.repoToken(ctx, repo)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	found, err := s.gh.branchExists(cctx, tok, owner, name, branch)
+	if err != nil {
 		return nil, s.domainError(ctx, err)
 	}
-	return &taskrunnerv1.RepoAccessResponse{Accessible: true, InstallationId: inst}, nil
+	if !found {
+		out.Accessible, out.Missing = false, MissingBranch
+	}
+	return out, nil
 }
 
 // repoToken returns a token for repo: the personal token, or a cached or new installation

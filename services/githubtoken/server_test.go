@@ -269,30 +269,38 @@ func TestRepoAccess(t *testing.T) {
 	c := h.conn("")
 	internal := h.bearer(auth.ScopeInternal)
 	inst, _ := h.forge.InstallationID("globex")
+	acmeInst, _ := h.forge.InstallationID("acme")
 
 	tests := []struct {
 		name     string
 		ctx      context.Context
 		repo     string
+		branch   string
 		wantCode codes.Code
 		want     *taskrunnerv1.RepoAccessResponse
 	}{
-		{"installed", internal, "globex/gadgets", codes.OK, &taskrunnerv1.RepoAccessResponse{Accessible: true, InstallationId: inst}},
-		{"not installed", internal, "nobody/nothing", codes.OK, &taskrunnerv1.RepoAccessResponse{}},
-		{"bad name", internal, "not a repo", codes.InvalidArgument, nil},
-		{"tasks scope only", h.bearer(auth.ScopeTasks), "globex/gadgets", codes.PermissionDenied, nil},
-		{"no bearer token", context.Background(), "globex/gadgets", codes.Unauthenticated, nil},
+		{"installed", internal, "globex/gadgets", "", codes.OK, &taskrunnerv1.RepoAccessResponse{Accessible: true, InstallationId: inst}},
+		{"installed with branch", internal, "acme/widgets", "main", codes.OK, &taskrunnerv1.RepoAccessResponse{Accessible: true, InstallationId: acmeInst}},
+		{"no such branch", internal, "acme/widgets", "release-9", codes.OK, &taskrunnerv1.RepoAccessResponse{InstallationId: acmeInst, Missing: MissingBranch}},
+		{"not installed", internal, "nobody/nothing", "main", codes.OK, &taskrunnerv1.RepoAccessResponse{Missing: MissingInstallation}},
+		{"bad name", internal, "not a repo", "", codes.InvalidArgument, nil},
+		{"bad branch", internal, "acme/widgets", "a..b", codes.InvalidArgument, nil},
+		{"tasks scope only", h.bearer(auth.ScopeTasks), "globex/gadgets", "", codes.PermissionDenied, nil},
+		{"no bearer token", context.Background(), "globex/gadgets", "", codes.Unauthenticated, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			resp, err := c.RepoAccess(tc.ctx, &taskrunnerv1.RepoAccessRequest{Repo: tc.repo})
+			resp, err := c.RepoAccess(tc.ctx, &taskrunnerv1.RepoAccessRequest{Repo: tc.repo, BaseBranch: tc.branch})
 			require.Equal(t, tc.wantCode, status.Code(err), "error: %v", err)
 			if tc.want != nil {
 				require.Equal(t, tc.want.GetAccessible(), resp.GetAccessible())
 				require.Equal(t, tc.want.GetInstallationId(), resp.GetInstallationId())
+				require.Equal(t, tc.want.GetMissing(), resp.GetMissing())
 			}
 		})
 	}
+	// The branch was read with a token for the repository, never with the App's JWT.
+	require.Equal(t, 2, countPath(h.apiRequests(), "GET", "/repos/acme/widgets/branches/main")+countPath(h.apiRequests(), "GET", "/repos/acme/widgets/branches/release-9"))
 }
 
 func TestAppNotInstalled(t *testing.T) {
@@ -324,6 +332,19 @@ func TestPersonalTokenMode(t *testing.T) {
 	require.Len(t, reqs, 1)
 	require.Equal(t, "/repos/acme/widgets", reqs[0].Path)
 	require.Equal(t, "personal", reqs[0].TokenID)
+
+	// With a branch, and for what the token cannot read.
+	srv := h.srv
+	for _, tc := range []struct{ repo, branch, missing string }{
+		{"acme/widgets", "main", ""},
+		{"acme/widgets", "release-9", MissingBranch},
+		{"nobody/nothing", "main", MissingRepository},
+	} {
+		ra, err := srv.CheckRepo(context.Background(), tc.repo, tc.branch)
+		require.NoError(t, err)
+		require.Equal(t, tc.missing == "", ra.GetAccessible(), "%s@%s", tc.repo, tc.branch)
+		require.Equal(t, tc.missing, ra.GetMissing(), "%s@%s", tc.repo, tc.branch)
+	}
 }
 
 func TestSanitize(t *testing.T) {
