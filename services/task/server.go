@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -42,13 +44,26 @@ type Server struct {
 	dispatcher Dispatcher
 	log        *slog.Logger
 	maxRuns    int
+	budgets    Budgets
+	repos      RepoChecker // nil: repositories are not checked before spending
+	access     accessCache
 }
 
 var _ taskrunnerv1.TaskServiceServer = (*Server)(nil)
 
 // New returns the TaskService server. dispatcher may be nil.
 func New(store *Store, dispatcher Dispatcher, log *slog.Logger) *Server {
-	return &Server{store: store, dispatcher: dispatcher, log: log, maxRuns: DefaultMaxRuns}
+	return &Server{store: store, dispatcher: dispatcher, log: log, maxRuns: DefaultMaxRuns,
+		budgets: Budgets{MaxBudgetUSD: DefaultMaxBudgetUSD}, access: accessCache{now: time.Now}}
+}
+
+// SetBudgets sets the server's spending limits (TASKRUNNER_MAX_BUDGET_USD,
+// TASKRUNNER_OWNER_DAILY_USD); the defaults are a 5 USD task maximum and
+// no owner quota.
+func (s *Server) SetBudgets(b Budgets) {
+	if b.MaxBudgetUSD > 0 {
+		s.budgets = b
+	}
 }
 
 // SetMaxRuns sets the most runs a task may have (the first included;
@@ -88,8 +103,20 @@ func (s *Server) CreateTask(ctx context.Context, req *taskrunnerv1.CreateTaskReq
 	if err := n.Validate(); err != nil {
 		return nil, err
 	}
+	budget := req.GetMaxBudgetUsd()
+	switch {
+	case math.IsNaN(budget) || math.IsInf(budget, 0) || budget < 0:
+		return nil, errs.Invalid("max_budget_usd", "must be a positive number of USD (0: the server's maximum of %.2f)", s.budgets.MaxBudgetUSD)
+	case budget > s.budgets.MaxBudgetUSD:
+		return nil, errs.Invalid("max_budget_usd", "%.2f USD is more than the server's maximum of %.2f USD per task", budget, s.budgets.MaxBudgetUSD)
+	}
 	if req.GetDispatch() && s.dispatcher == nil {
 		return nil, status.Error(codes.FailedPrecondition, "dispatch: no DispatchService is configured")
+	}
+	// Refuse before spending: nothing is stored for a repository or branch
+	// the task could never clone.
+	if err := s.checkRepo(ctx, n.Repo, n.BaseBranch); err != nil {
+		return nil, err
 	}
 	ctx, span := tracer.Start(ctx, "task.create", trace.WithAttributes(attribute.String("taskrunner.repo", n.Repo),
 		attribute.String("taskrunner.agent", string(n.Agent))))
@@ -100,6 +127,14 @@ func (s *Server) CreateTask(ctx context.Context, req *taskrunnerv1.CreateTaskReq
 		return nil, err
 	}
 	span.SetAttributes(attribute.String("taskrunner.task_id", t.ID))
+	if created && budget > 0 {
+		if err := s.store.SetBudget(ctx, t.ID, budget); err != nil {
+			if _, derr := s.store.DeleteUnstarted(context.WithoutCancel(ctx), t.ID); derr != nil {
+				s.log.ErrorContext(ctx, "could not remove a task whose budget was not recorded", "task_id", t.ID, "error", derr)
+			}
+			return nil, err
+		}
+	}
 	if created {
 		s.log.InfoContext(ctx, "task created", "task_id", t.ID, "owner", t.Owner, "repo", t.Repo)
 	}
@@ -115,7 +150,7 @@ func (s *Server) CreateTask(ctx context.Context, req *taskrunnerv1.CreateTaskReq
 		}
 		t = d
 	}
-	return &taskrunnerv1.CreateTaskResponse{Task: ToProto(t)}, nil
+	return &taskrunnerv1.CreateTaskResponse{Task: s.toProto(ctx, t)}, nil
 }
 
 // idempotencyKey is the request_id field, or else the REST Idempotency-Key
@@ -141,7 +176,39 @@ func (s *Server) GetTask(ctx context.Context, req *taskrunnerv1.GetTaskRequest) 
 	if err := s.store.Runs(ctx, &t); err != nil {
 		return nil, err
 	}
-	return &taskrunnerv1.GetTaskResponse{Task: ToProto(t)}, nil
+	out := s.toProto(ctx, t)
+	if s.budgets.OwnerDailyUSD > 0 {
+		spent, resets, err := s.store.OwnerSpentToday(ctx, t.Owner)
+		if err != nil {
+			return nil, err
+		}
+		out.OwnerQuota = &taskrunnerv1.OwnerQuota{DailyUsd: s.budgets.OwnerDailyUSD, SpentTodayUsd: spent, ResetsTime: timestamppb.New(resets)}
+	}
+	return &taskrunnerv1.GetTaskResponse{Task: out}, nil
+}
+
+// toProto is ToProto with the task's effective budget filled in.
+func (s *Server) toProto(ctx context.Context, t Task) *taskrunnerv1.Task {
+	return s.withBudgets(ctx, ToProto(t))[0]
+}
+
+// withBudgets fills max_budget_usd (the budget set at create bounded by the
+// server's maximum) in one query. Should the query fail, the server's
+// maximum is shown and the failure logged: the answer stays useful and the
+// model proxy, which enforces the budget, reads the column itself.
+func (s *Server) withBudgets(ctx context.Context, ts ...*taskrunnerv1.Task) []*taskrunnerv1.Task {
+	ids := make([]string, len(ts))
+	for i, t := range ts {
+		ids[i] = t.GetId()
+	}
+	set, err := s.store.Budgets(ctx, ids...)
+	if err != nil {
+		s.log.WarnContext(ctx, "could not read task budgets", "error", err)
+	}
+	for _, t := range ts {
+		t.MaxBudgetUsd = EffectiveBudget(set[t.GetId()], s.budgets.MaxBudgetUSD)
+	}
+	return ts
 }
 
 // FollowUpTask implements TaskService: it records the follow-up as a
@@ -208,7 +275,7 @@ func (s *Server) FollowUpTask(ctx context.Context, req *taskrunnerv1.FollowUpTas
 	if err := s.store.Runs(ctx, &t); err != nil {
 		return nil, err
 	}
-	out := &taskrunnerv1.FollowUpTaskResponse{Task: ToProto(t), Created: created}
+	out := &taskrunnerv1.FollowUpTaskResponse{Task: s.toProto(ctx, t), Created: created}
 	for _, r := range out.Task.GetRuns() {
 		if r.GetNumber() == number {
 			out.Run = r
@@ -272,6 +339,7 @@ func (s *Server) ListTasks(ctx context.Context, req *taskrunnerv1.ListTasksReque
 	for _, t := range tasks {
 		out.Tasks = append(out.Tasks, ToProto(t))
 	}
+	s.withBudgets(ctx, out.Tasks...)
 	return out, nil
 }
 
@@ -284,11 +352,18 @@ func (s *Server) DispatchTask(ctx context.Context, req *taskrunnerv1.DispatchTas
 	if s.dispatcher == nil {
 		return nil, status.Error(codes.Unimplemented, "dispatch: no DispatchService is configured")
 	}
+	// Refuse before spending quota or a sandbox start. Only a task that has
+	// not been dispatched yet can spend; Dispatch answers the others.
+	if t.Status == StatusProposing {
+		if err := s.checkRepo(ctx, t.Repo, t.BaseBranch); err != nil {
+			return nil, err
+		}
+	}
 	t, err = s.dispatcher.DispatchTask(ctx, t.ID)
 	if err != nil {
 		return nil, err
 	}
-	return &taskrunnerv1.DispatchTaskResponse{Task: ToProto(t)}, nil
+	return &taskrunnerv1.DispatchTaskResponse{Task: s.toProto(ctx, t)}, nil
 }
 
 // CancelTask implements TaskService. A task that never ran is cancelled here;
@@ -327,7 +402,7 @@ func (s *Server) CancelTask(ctx context.Context, req *taskrunnerv1.CancelTaskReq
 		return nil, err
 	}
 	s.log.InfoContext(ctx, "task cancelled", "task_id", t.ID, "actor", actor)
-	return &taskrunnerv1.CancelTaskResponse{Task: ToProto(t)}, nil
+	return &taskrunnerv1.CancelTaskResponse{Task: s.toProto(ctx, t)}, nil
 }
 
 // RetryTask implements TaskService: a new task, linked to the old one.
@@ -344,6 +419,9 @@ func (s *Server) RetryTask(ctx context.Context, req *taskrunnerv1.RetryTaskReque
 	if err := n.Validate(); err != nil {
 		return nil, err
 	}
+	if err := s.checkRepo(ctx, n.Repo, n.BaseBranch); err != nil {
+		return nil, err
+	}
 	ctx, span := tracer.Start(ctx, "task.create", trace.WithAttributes(attribute.String("taskrunner.repo", n.Repo),
 		attribute.String("taskrunner.retry_of", old.ID)))
 	defer span.End()
@@ -352,7 +430,7 @@ func (s *Server) RetryTask(ctx context.Context, req *taskrunnerv1.RetryTaskReque
 		return nil, err
 	}
 	span.SetAttributes(attribute.String("taskrunner.task_id", t.ID))
-	return &taskrunnerv1.RetryTaskResponse{Task: ToProto(t)}, nil
+	return &taskrunnerv1.RetryTaskResponse{Task: s.toProto(ctx, t)}, nil
 }
 
 // AdvanceTask implements the internal transition RPC.

@@ -77,6 +77,14 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 	if has(config.ServiceTask) {
 		taskSrv = task.New(tasks, nil, logger)
 		taskSrv.SetMaxRuns(cfg.MaxRuns)
+		var budgets task.Budgets
+		if err := env.Parse(&budgets); err != nil {
+			return nil, fmt.Errorf("configuration: %w", err)
+		}
+		if err := budgets.Validate(); err != nil {
+			return nil, err
+		}
+		taskSrv.SetBudgets(budgets)
 		register(&taskrunnerv1.TaskService_ServiceDesc, taskSrv)
 		// Tokens are managed where the public API is served.
 		register(&taskrunnerv1.TokenService_ServiceDesc, auth.NewTokenServer(tokens))
@@ -105,6 +113,11 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 		}
 		pullRequests = srv
 		a.closers = append(a.closers, srv.Close)
+		if taskSrv != nil {
+			// Creates and dispatches are refused before spending when the
+			// repository or base branch is out of the App's reach.
+			taskSrv.SetRepoChecker(srv)
+		}
 		register(&taskrunnerv1.GitHubTokenService_ServiceDesc, srv)
 	}
 	if has(config.ServiceDispatch) {
