@@ -122,7 +122,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if metered[op] {
-		budget := s.budget(t)
+		budget, err := s.budget(r.Context(), t)
+		if err != nil {
+			s.log.ErrorContext(r.Context(), "modelproxy: read task budget", "task_id", taskID, "error", err)
+			s.refuse(w, api, http.StatusServiceUnavailable, "", "api_error", "modelproxy: the task store is unavailable; retry later")
+			return
+		}
 		est := s.prices.Cost(Usage{Model: modelOf(body), Input: int64(len(body) / bytesPerToken)})
 		if t.Usage.CostUSD+est > budget {
 			s.log.InfoContext(r.Context(), "modelproxy: budget refusal", "task_id", taskID, "spent_usd", t.Usage.CostUSD, "estimate_usd", est, "budget_usd", budget)
@@ -134,9 +139,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.forward(w, r, api, path, body, taskID, metered[op])
 }
 
-// budget is the task's budget: the server's maximum (a per-task budget set at create, once
-// tasks carry one, will be bounded by it here).
-func (s *Server) budget(task.Task) float64 { return s.cfg.MaxBudgetUSD }
+// budget is the task's budget: the one set at create (CreateTaskRequest.max_budget_usd),
+// bounded by the server's maximum, or the maximum when none was set.
+func (s *Server) budget(ctx context.Context, t task.Task) (float64, error) {
+	set, err := s.tasks.Budget(ctx, t.ID)
+	if err != nil {
+		return 0, err
+	}
+	return task.EffectiveBudget(set, s.cfg.MaxBudgetUSD), nil
+}
 
 // route splits the API prefix off path.
 func route(p string) (API, string) {

@@ -139,6 +139,34 @@ func TestRefusesTheCallThatWouldCrossTheBudget(t *testing.T) {
 	}
 }
 
+// TestTaskBudgetSetAtCreate: a task's own budget (set at create) is what the proxy enforces
+// when it is below the server's maximum, and the maximum still bounds a larger one.
+func TestTaskBudgetSetAtCreate(t *testing.T) {
+	cost := anthropicCallCost
+	h := newHarness(t, 100*cost)
+	ctx := context.Background()
+	small := h.runningTask("alice")
+	require.NoError(t, h.tasks.SetBudget(ctx, small, cost+0.0001))
+	c := h.client(small)
+	resp, body := h.call(c, "anthropic", true)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	resp, body = h.call(c, "anthropic", true)
+	require.Equal(t, http.StatusPaymentRequired, resp.StatusCode, "the task's own budget is spent: %s", body)
+	require.Equal(t, "budget", resp.Header.Get(modelproxy.RefusalHeader))
+	require.Contains(t, string(body), fmt.Sprintf("of its %.4f USD budget", cost+0.0001))
+
+	// A budget above the server's maximum (lowered since) is bounded by it.
+	h2 := newHarness(t, cost+0.0001)
+	big := h2.runningTask("alice")
+	require.NoError(t, h2.tasks.SetBudget(ctx, big, 100*cost))
+	c2 := h2.client(big)
+	resp, body = h2.call(c2, "anthropic", true)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	resp, body = h2.call(c2, "anthropic", true)
+	require.Equal(t, http.StatusPaymentRequired, resp.StatusCode, "the server's maximum bounds the task's budget: %s", body)
+	require.Contains(t, string(body), fmt.Sprintf("of its %.4f USD budget", cost+0.0001))
+}
+
 // TestRefusesTasksThatDoNotRun: a certificate stays valid until the task's deadline, but
 // once the task has ended nothing can be exchanged for a model call with it.
 func TestRefusesTasksThatDoNotRun(t *testing.T) {
