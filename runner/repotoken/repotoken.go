@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -95,7 +96,7 @@ func (g *GRPC) Token(ctx context.Context) (Token, error) {
 		st := innerStatus(err)
 		switch st.Code() {
 		case codes.Unauthenticated, codes.PermissionDenied:
-			return Token{}, fmt.Errorf("%w: GitHubTokenService refused the task certificate: %s: %s", ErrAuth, st.Code(), st.Message())
+			return Token{}, refusal(st)
 		}
 		if ctx.Err() != nil {
 			return Token{}, fmt.Errorf("GitHubTokenService.IssueRepoToken: %s: %s (gave up: %v)", st.Code(), st.Message(), context.Cause(ctx))
@@ -109,6 +110,26 @@ func (g *GRPC) Token(ctx context.Context) (Token, error) {
 		Value: resp.GetToken(), Expiry: resp.GetExpireTime().AsTime(), Repo: resp.GetRepo(),
 		APIBaseURL: resp.GetApiBaseUrl(), GitBaseURL: resp.GetGitBaseUrl(),
 	}, nil
+}
+
+// ReasonRepoInaccessible is the ErrorInfo reason of GitHubTokenService's answer when the
+// certificate was accepted but the GitHub App cannot access the task's repository.
+const ReasonRepoInaccessible = "REPO_INACCESSIBLE"
+
+// refusal says what GitHubTokenService answered: that the App cannot access the repository
+// (an installation problem, not the sandbox's), or that it refused the task certificate (a
+// missing certificate, a finished task, a certificate of another task). The server's own
+// message names the cause either way; this only avoids blaming the certificate for GitHub.
+func refusal(st *status.Status) error {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == ReasonRepoInaccessible {
+			return fmt.Errorf("%w: GitHubTokenService answered that the GitHub App cannot access the repository: %s", ErrAuth, st.Message())
+		}
+	}
+	if st.Code() == codes.Unauthenticated {
+		return fmt.Errorf("%w: GitHubTokenService refused the task certificate: %s: %s", ErrAuth, st.Code(), st.Message())
+	}
+	return fmt.Errorf("%w: GitHubTokenService refused the token: %s: %s", ErrAuth, st.Code(), st.Message())
 }
 
 // innerStatus is the gRPC status err carries, with its own message (status.Convert would put

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -100,8 +101,12 @@ func TestGRPCErrors(t *testing.T) {
 		auth bool
 		want string
 	}{
-		{status.Error(codes.PermissionDenied, "certificate is for another task"), true, "authentication failed"},
-		{status.Error(codes.Unauthenticated, "no client certificate"), true, "Unauthenticated"},
+		{status.Error(codes.PermissionDenied, "certificate is for another task"), true,
+			"authentication failed: GitHubTokenService refused the token: PermissionDenied: certificate is for another task"},
+		{status.Error(codes.Unauthenticated, "no client certificate"), true,
+			"authentication failed: GitHubTokenService refused the task certificate: Unauthenticated: no client certificate"},
+		{repoInaccessible(t, "the GitHub App cannot access acme/widgets: install it on the repository"), true,
+			"authentication failed: GitHubTokenService answered that the GitHub App cannot access the repository: the GitHub App cannot access acme/widgets: install it on the repository"},
 		{status.Error(codes.NotFound, "task not found"), false, "NotFound: task not found"},
 	}
 	for _, tc := range cases {
@@ -112,6 +117,13 @@ func TestGRPCErrors(t *testing.T) {
 			require.Equal(t, tc.auth, errorsIs(err, ErrAuth))
 		})
 	}
+}
+
+// repoInaccessible is GitHubTokenService's answer for a repository the App cannot access.
+func repoInaccessible(t *testing.T, msg string) error {
+	st, err := status.New(codes.PermissionDenied, msg).WithDetails(&errdetails.ErrorInfo{Reason: ReasonRepoInaccessible, Domain: "taskrunner.dev"})
+	require.NoError(t, err)
+	return st.Err()
 }
 
 // flakyService fails IssueRepoToken with codes[i] on call i, then succeeds.
