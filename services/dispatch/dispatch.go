@@ -70,6 +70,7 @@ type Server struct {
 	m     metrics
 
 	starting sync.WaitGroup // sandbox starts in progress (launch)
+	wake     chan struct{}  // Listen's wake-up (nil until Listen runs)
 	born     time.Time      // when this server was made (the reaper's grace)
 }
 
@@ -487,6 +488,7 @@ func (s *Server) Listen(ctx context.Context, interval time.Duration) {
 	}()
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	s.wake = wake
 	for {
 		s.releaseFinished(ctx)
 		s.startPendingRuns(ctx)
@@ -624,7 +626,8 @@ func (s *Server) destroyRuns(ctx context.Context, taskID, why string, before int
 // releaseFinished destroys the sandboxes of tasks that no longer run: a
 // runner that reported its last event (completed, failed, cancelled) has
 // nothing left to do, whatever the provider, so its sandbox and per-task
-// files go now, not when the pull request closes.
+// files go once it has had CancelGrace to exit on its own (and flush its
+// spans), not when the pull request closes.
 func (s *Server) releaseFinished(ctx context.Context) {
 	rows, err := s.d.Pool.Query(ctx, `SELECT DISTINCT task_id::text FROM sandboxes WHERE destroyed_at IS NULL AND state <> 'creating'`)
 	if err != nil {
@@ -641,9 +644,15 @@ func (s *Server) releaseFinished(ctx context.Context) {
 		return
 	}
 	for _, id := range ids {
-		if st, ok := sts[id]; ok && st != task.StatusRunning {
-			s.destroy(ctx, id, "runner finished: task "+string(st))
+		st, ok := sts[id]
+		if !ok || st.Status == task.StatusRunning {
+			continue
 		}
+		if wait := s.cfg.CancelGrace - time.Since(st.Changed); wait > 0 {
+			s.recheck(wait)
+			continue
+		}
+		s.destroy(ctx, id, "runner finished: task "+string(st.Status))
 	}
 }
 
@@ -825,4 +834,17 @@ func (s *Server) StartNextRun(ctx context.Context, req *taskrunnerv1.StartNextRu
 		return nil, err
 	}
 	return &taskrunnerv1.StartNextRunResponse{Task: task.ToProto(t)}, nil
+}
+
+// recheck wakes Listen again after d (a finished runner's grace).
+func (s *Server) recheck(d time.Duration) {
+	if s.wake == nil {
+		return
+	}
+	time.AfterFunc(d, func() {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	})
 }

@@ -403,7 +403,9 @@ func TestSandboxStartIsRetriedThenFailsOnTheTimeline(t *testing.T) {
 
 func TestSandboxIsDestroyedWhenTheRunnerFinishes(t *testing.T) {
 	h := newHarness(t)
-	s := h.server(t, testConfig(), "sb")
+	cfg := testConfig()
+	cfg.CancelGrace = time.Hour
+	s := h.server(t, cfg, "sb")
 	ctx := context.Background()
 	id := h.create(t, "alice", "acme/widgets")
 	_, err := s.DispatchTask(ctx, id)
@@ -413,6 +415,10 @@ func TestSandboxIsDestroyedWhenTheRunnerFinishes(t *testing.T) {
 	// runner has nothing left to do.
 	_, _, err = h.tasks.Advance(ctx, id, "", task.Advance{Seq: 1, Status: task.StatusAwaitingReview, PRURL: "http://forge/acme/widgets/pull/1", PRNumber: 1, Actor: task.ActorRunner})
 	require.NoError(t, err)
+	s.releaseFinished(ctx)
+	_, err = s.d.Provider.Get(ctx, sandbox.Name(id))
+	require.NoError(t, err, "the runner gets CancelGrace to exit on its own (and flush its spans)")
+	s.cfg.CancelGrace = 0
 	s.releaseFinished(ctx)
 	_, err = s.d.Provider.Get(ctx, sandbox.Name(id))
 	require.ErrorIs(t, err, sandbox.ErrNotFound, "the sandbox of a task awaiting review is gone")

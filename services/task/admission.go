@@ -119,7 +119,7 @@ AND greatest(coalesce(t.heartbeat_at, t.started_at, t.updated_at),
 	queueDepth    = `SELECT count(*) FROM tasks WHERE status = 'queued'`
 	countByStatus = `SELECT status, count(*) FROM tasks GROUP BY status`
 	traceparentOf = `SELECT traceparent FROM tasks WHERE id = $1`
-	statusesOf    = `SELECT id::text, status FROM tasks WHERE id = ANY($1::uuid[])`
+	statusesOf    = `SELECT id::text, status, updated_at FROM tasks WHERE id = ANY($1::uuid[])`
 	lastRunnerSeq = `SELECT coalesce((SELECT e.runner_seq FROM task_events e JOIN tasks t ON t.id = e.task_id
 	WHERE e.task_id = $1 AND e.run = t.run AND e.runner_seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1), 0)`
 	deleteUnstared = `DELETE FROM tasks WHERE id = $1 AND status = 'proposing' AND dispatched_at IS NULL`
@@ -179,18 +179,24 @@ func (s *Store) Traceparent(ctx context.Context, id string) string {
 	return tp
 }
 
+// StatusOf is a task's status and when the row last changed.
+type StatusOf struct {
+	Status  Status
+	Changed time.Time
+}
+
 // Statuses returns the status of each existing task among ids.
-func (s *Store) Statuses(ctx context.Context, ids []string) (map[string]Status, error) {
+func (s *Store) Statuses(ctx context.Context, ids []string) (map[string]StatusOf, error) {
 	rows, err := s.pool.Query(ctx, statusesOf, ids)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[string]Status{}
+	out := map[string]StatusOf{}
 	for rows.Next() {
 		var id string
-		var st Status
-		if err := rows.Scan(&id, &st); err != nil {
+		var st StatusOf
+		if err := rows.Scan(&id, &st.Status, &st.Changed); err != nil {
 			return nil, err
 		}
 		out[id] = st
