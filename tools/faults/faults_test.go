@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -91,6 +92,7 @@ func checkTask(t testing.TB, s *stack, id string, runnerEvents int64) int64 {
 // awaiting_review.
 func TestPostgresStoppedTenSecondsDuringStreaming(t *testing.T) {
 	s := newStack(t)
+	gw := s.gateway()
 	ids := []string{s.runningTask(time.Hour), s.runningTask(time.Hour)}
 	runners := []*eventsclient.Client{s.runner(ids[0]), s.runner(ids[1])}
 	const before, during, after = 40, 40, 40
@@ -126,6 +128,11 @@ func TestPostgresStoppedTenSecondsDuringStreaming(t *testing.T) {
 		}
 	}
 	require.NotNil(t, retry, "Unavailable carries RetryInfo")
+	// And over REST: 503 with Retry-After, not 500.
+	resp, body := s.get(gw + "/v1/tasks/" + ids[0] + "/events:list?page_size=1000")
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", body)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	t.Logf("during the outage: gRPC %s with RetryInfo %s; REST %d, Retry-After %s", st.Code(), retry.GetRetryDelay().AsDuration(), resp.StatusCode, resp.Header.Get("Retry-After"))
 	wg.Wait()
 	<-time.After(time.Until(down.Add(10 * time.Second))) // the outage lasts 10 s
 	for _, c := range runners {
@@ -361,7 +368,8 @@ func TestFortySecondOutageAcrossCompletion(t *testing.T) {
 	}
 	t.Logf("40 s outage across completion: both tasks awaiting_review with their PR %.2f s after the restart", time.Since(up).Seconds())
 	for i, id := range ids {
-		require.EqualValues(t, 81, runners[i].Acked())
+		c := runners[i] // the ack follows the commit the status showed
+		require.Eventually(t, func() bool { return c.Acked() == 81 }, 10*time.Second, 5*time.Millisecond)
 		checkTask(t, s, id, 81)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/user"
@@ -163,7 +164,7 @@ func binDir(t testing.TB) string {
 	root, err := filepath.Abs("../..")
 	require.NoError(t, err)
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./services/cmd/taskrunnerd")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./services/cmd/taskrunnerd", "./gateway/cmd/gateway")
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, string(out))
@@ -427,4 +428,40 @@ func (s *stack) taskClient() (taskrunnerv1.TaskServiceClient, context.Context) {
 	require.NoError(s.t, err)
 	s.t.Cleanup(func() { _ = cc.Close() })
 	return taskrunnerv1.NewTaskServiceClient(cc), metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.token)
+}
+
+// gateway starts the real REST/SSE gateway in front of taskrunnerd and
+// returns its base URL once /healthz answers.
+func (s *stack) gateway() string {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(s.t))
+	log, err := os.OpenFile(filepath.Join(s.dir, "gateway.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	require.NoError(s.t, err)
+	cmd := exec.Command(filepath.Join(s.bin, "gateway"))
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + s.dir, "TASKRUNNER_HTTP_ADDR=" + addr,
+		"TASKRUNNER_TASK_ADDR=" + s.grpcAddr, "TASKRUNNER_EVENTS_ADDR=" + s.grpcAddr, "TASKRUNNER_REDIS_URL=" + s.rds.URL}
+	cmd.Stdout, cmd.Stderr = log, log
+	require.NoError(s.t, cmd.Start())
+	s.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = log.Close() })
+	base := "http://" + addr
+	require.Eventually(s.t, func() bool {
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 30*time.Second, 20*time.Millisecond, "the gateway never answered /healthz")
+	return base
+}
+
+// get is an authenticated REST GET.
+func (s *stack) get(url string) (*http.Response, []byte) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(s.t, err)
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(s.t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
 }
