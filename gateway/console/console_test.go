@@ -262,3 +262,28 @@ func TestModelJS(t *testing.T) {
 	require.NoError(t, err, string(out))
 	require.Equal(t, "ok\n", string(out))
 }
+
+// TestEveryElementTheScriptUsesExists: each $("id") of app.js names an
+// element of index.html (a renamed or missing one fails only in a browser
+// otherwise), and the task page has the follow-up box and the run history.
+func TestEveryElementTheScriptUsesExists(t *testing.T) {
+	h := mount(newConsole(t, console.Config{}))
+	index := get(t, h, http.MethodGet, "/").Body.String()
+	app := get(t, h, http.MethodGet, console.AssetsPrefix+"app.js").Body.String()
+	ids := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\bid="([^"]+)"`).FindAllStringSubmatch(index, -1) {
+		ids[m[1]] = true
+	}
+	used := regexp.MustCompile(`\$\("([a-z0-9-]+)"\)`).FindAllStringSubmatch(app, -1)
+	require.NotEmpty(t, used)
+	for _, m := range used {
+		require.True(t, ids[m[1]], "app.js uses #%s, which index.html does not have", m[1])
+	}
+	for _, id := range []string{"followup-form", "followup-prompt", "followup-error", "runs", "runs-card", "budget", "owner-quota"} {
+		require.True(t, ids[id], "the task page lacks #%s", id)
+		require.Contains(t, app, `$("`+id+`")`, "app.js does not use #%s", id)
+	}
+	// The follow-up goes to the REST route the gateway serves.
+	apiJS := get(t, h, http.MethodGet, console.AssetsPrefix+"api.js").Body.String()
+	require.Contains(t, apiJS, "`${taskPath(id)}:followup`")
+}

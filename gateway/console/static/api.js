@@ -99,6 +99,11 @@ export class Api {
     return this.request("POST", `${taskPath(id)}:retry`, { body: { request_id: requestId } }).then((r) => r.task);
   }
 
+  /** A follow-up run; resolves to the whole answer: {task, run, created}. */
+  followUpTask(id, prompt, requestId) {
+    return this.request("POST", `${taskPath(id)}:followup`, { body: { prompt, request_id: requestId } });
+  }
+
   /** The SSE URL; EventSource cannot set headers, hence access_token. */
   eventsURL(id) {
     return `${taskPath(id)}/events?access_token=${encodeURIComponent(this.token())}`;

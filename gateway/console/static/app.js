@@ -8,6 +8,7 @@ import {
   formatDiff, formatUsage, formatTime, diffFromEvent, usageFromEvent, validateCreate,
   actionsFor, streamShowsLive, statusChangeText, sandboxText, queueText, relativePaths, stageCosts,
   formatDuration, waterfallBar, formatAge, formatCost, STATUS_FILTERS,
+  runRows, validateFollowUp, budgetText, quotaText,
 } from "./model.js";
 
 const $ = (id) => document.getElementById(id);
@@ -343,7 +344,8 @@ function showTask(id) {
 
   // What the page shows: the task from REST, advanced by SSE events.
   // costEvents: stage boundaries and cumulative usage, for the cost chart.
-  const st = { task: null, stage: "", outcome: "idle", lastSeq: 0, terminalSeen: false, announced: "", costEvents: [], traceFor: "" };
+  const st = { task: null, stage: "", outcome: "idle", lastSeq: 0, terminalSeen: false, announced: "", costEvents: [], traceFor: "", runsKey: "" };
+  let pendingFollowUp = { prompt: "", requestId: "" }; // the same key when the same follow-up is resent after a failure
   let stopped = false;
   let es = null;
   let timer = 0;
@@ -360,6 +362,12 @@ function showTask(id) {
     $("task-agent").textContent = agentLabel(t.agent);
     $("diff-stats").textContent = formatDiff(t.diff_stats) || "—";
     $("cost").textContent = formatUsage(t.usage) || "—";
+    const budget = budgetText(t);
+    $("budget-row").hidden = !budget;
+    $("budget").textContent = budget;
+    const quota = quotaText(t.owner_quota, Date.now());
+    $("quota-row").hidden = !quota;
+    $("owner-quota").textContent = quota;
     if (t.pr_url) {
       const link = externalLink(t.pr_url, t.pr_number && t.pr_number !== "0" ? `${t.repo}#${t.pr_number}` : t.pr_url, "pr-link");
       if (link.title !== undefined) link.title = t.pr_url;
@@ -391,8 +399,32 @@ function showTask(id) {
     $("cancel-warning").textContent = can.cancelClosesPR ? `Cancelling this task closes its open ${prName} without merging it.` : "";
     $("cancel-button").textContent = can.cancelClosesPR ? "Cancel task and close PR" : "Cancel task";
     if (es && $("stream-state").dataset.state !== "reconnecting") showStreamOpen();
+    renderRuns(can.followUp);
     renderStages();
     renderCosts();
+  }
+
+  /** The run history (newest first) and, where a follow-up applies, its box. */
+  function renderRuns(canFollowUp) {
+    const rows = runRows(st.task);
+    const wasHidden = $("followup-form").hidden;
+    $("followup-form").hidden = !canFollowUp;
+    $("runs-card").hidden = !canFollowUp && rows.length < 2;
+    if (wasHidden && canFollowUp) $("followup-error").textContent = "";
+    const key = JSON.stringify(rows);
+    if (key === st.runsKey) return;
+    st.runsKey = key;
+    $("runs").replaceChildren(...rows.map((r) => {
+      const facts = [r.diff, r.cost !== "—" ? r.cost : ""].filter(Boolean).join(" · ");
+      const head = el("div", { class: "run-head" },
+        el("span", { class: "run-title", "data-testid": "run-title", text: r.title }),
+        el("span", { class: `badge badge-run-${r.state}`, "data-testid": "run-state", text: r.state }),
+        el("span", { class: "muted", "data-testid": "run-facts", text: facts }),
+        r.created ? el("time", { class: "muted", datetime: r.created, text: formatTime(r.created) }) : el("span"));
+      const li = el("li", { "data-testid": "run-row", "data-run": r.number, "data-state": r.state, "data-current": r.current ? "true" : "false" }, head);
+      if (r.prompt) li.append(el("p", { class: "run-prompt", "data-testid": "run-prompt", text: r.prompt }));
+      return li;
+    }));
   }
 
   function renderStages() {
@@ -665,7 +697,46 @@ function showTask(id) {
     const t = await api.retryTask(id, newRequestId());
     navigate(`#/tasks/${encodeURIComponent(t.id)}`);
   });
+  const onFollowUp = async (ev) => {
+    ev.preventDefault();
+    const input = $("followup-prompt");
+    const error = $("followup-error");
+    error.textContent = "";
+    input.removeAttribute("aria-invalid");
+    const errors = validateFollowUp(input.value);
+    if (errors.prompt) {
+      error.textContent = errors.prompt;
+      input.setAttribute("aria-invalid", "true");
+      input.focus();
+      return;
+    }
+    const prompt = input.value.trim();
+    if (pendingFollowUp.prompt !== prompt) pendingFollowUp = { prompt, requestId: newRequestId() };
+    const button = $("followup-form").querySelector("button[type=submit]");
+    button.disabled = true;
+    $("followup-status").textContent = "Sending…";
+    try {
+      const r = await api.followUpTask(id, prompt, pendingFollowUp.requestId);
+      pendingFollowUp = { prompt: "", requestId: "" };
+      input.value = "";
+      const run = r.run || {};
+      $("followup-status").textContent = `Run ${run.number || ""} ${run.state === "pending" ? "waits behind the active run" : "started"}.`;
+      // A follow-up run streams on the same timeline: follow it live again.
+      st.terminalSeen = false;
+      if (r.task) applyTask(r.task);
+      if (!es) openStream();
+      load();
+    } catch (err) {
+      if (handleAuthError(err)) return;
+      $("followup-status").textContent = "";
+      error.textContent = err.message;
+      input.setAttribute("aria-invalid", "true");
+    } finally {
+      button.disabled = false;
+    }
+  };
   const onTrace = () => loadTrace();
+  $("followup-form").addEventListener("submit", onFollowUp);
   $("dispatch-button").addEventListener("click", onDispatch);
   $("cancel-button").addEventListener("click", onCancel);
   $("retry-button").addEventListener("click", onRetry);
@@ -677,7 +748,11 @@ function showTask(id) {
   for (const tid of ["task-prompt", "task-repo", "task-agent", "diff-stats", "cost", "pr", "trace", "task-created", "failed-reason", "cancel-warning"]) $(tid).textContent = "";
   $("task-title").textContent = "Task";
   $("task-status").textContent = "";
-  for (const b of ["dispatch-button", "cancel-button", "retry-button", "cancel-warning", "queue-row"]) $(b).hidden = true;
+  for (const b of ["dispatch-button", "cancel-button", "retry-button", "cancel-warning", "queue-row", "budget-row", "quota-row", "runs-card", "followup-form"]) $(b).hidden = true;
+  $("runs").replaceChildren();
+  $("followup-prompt").value = "";
+  $("followup-error").textContent = "";
+  $("followup-status").textContent = "";
   $("trace-card").hidden = true;
   // Every task's stream replays its whole history first, so finished tasks
   // show their log and timeline too.
@@ -691,6 +766,7 @@ function showTask(id) {
     $("cancel-button").removeEventListener("click", onCancel);
     $("retry-button").removeEventListener("click", onRetry);
     $("trace-refresh").removeEventListener("click", onTrace);
+    $("followup-form").removeEventListener("submit", onFollowUp);
   };
 }
 

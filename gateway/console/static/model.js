@@ -133,6 +133,9 @@ export function actionsFor(task) {
     // Cancelling an awaiting-review task closes its open pull request.
     cancelClosesPR: s === "TASK_STATUS_AWAITING_REVIEW",
     retry: s === "TASK_STATUS_FAILED" || s === "TASK_STATUS_CANCELLED",
+    // A follow-up revises the pull request: while it awaits review, or
+    // after a failed run that left one (FollowUpTask's own rule).
+    followUp: s === "TASK_STATUS_AWAITING_REVIEW" || (s === "TASK_STATUS_FAILED" && !!(task && task.pr_url)),
   };
 }
 
@@ -249,3 +252,71 @@ export function formatCost(u) {
 }
 
 export const STATUS_FILTERS = ["proposing", "queued", "running", "awaiting_review", "done", "failed", "cancelled"];
+
+// ---------------------------------------------------------------- runs, follow-ups, budget
+
+const TRIGGERS = { create: "first run", api: "follow-up", review: "review", comment: "comment" };
+
+/** What started a run: "first run", "follow-up", "review", "comment". */
+export function triggerLabel(trigger) {
+  return TRIGGERS[trigger] || trigger || "first run";
+}
+
+/** "github:octocat" → "@octocat", "user:alice" → "alice". */
+export function requesterLabel(by) {
+  if (!by) return "";
+  return by.startsWith("github:") ? `@${by.slice(7)}` : actorLabel(by);
+}
+
+/**
+ * runRows is the run history as the task page draws it, newest first:
+ * [{number, title, prompt, state, diff, cost, created, current}].
+ */
+export function runRows(task) {
+  const runs = (task && Array.isArray(task.runs)) ? task.runs : [];
+  const current = n(task && task.run) || 1;
+  return runs.map((r) => {
+    const by = requesterLabel(r.requested_by);
+    return {
+      number: n(r.number),
+      title: `Run ${n(r.number)} · ${triggerLabel(r.trigger)}${by ? ` by ${by}` : ""}`,
+      prompt: r.prompt || (n(r.number) === 1 ? task.prompt || "" : ""),
+      state: r.state || "pending",
+      diff: n(r.diff_stats && r.diff_stats.files_changed) > 0 ? formatDiff(r.diff_stats) : "",
+      cost: formatCost(r.usage),
+      created: r.create_time || "",
+      current: n(r.number) === current,
+    };
+  }).sort((a, b) => b.number - a.number);
+}
+
+/** validateFollowUp mirrors FollowUpTask's checks and messages. */
+export function validateFollowUp(prompt) {
+  const p = (prompt || "").trim();
+  if (p === "") return { prompt: "prompt: is required: say what the follow-up should change" };
+  const bytes = new TextEncoder().encode(p).length;
+  if (bytes > 32 << 10) return { prompt: `prompt: is ${bytes} bytes, more than the limit of ${32 << 10}` };
+  return {};
+}
+
+/** "$0.1234 of $5.00" for a task's cost against its budget ("" without a budget). */
+export function budgetText(task) {
+  const b = task ? n(task.max_budget_usd) : 0;
+  if (!(b > 0)) return "";
+  const spent = n(task.usage && task.usage.cost_usd);
+  return `$${spent.toFixed(spent < 1 ? 4 : 2)} of $${b.toFixed(2)} per task`;
+}
+
+/** "$1.75 of $10.00 spent today · resets in 3 h" for the owner's daily quota ("" when none). */
+export function quotaText(q, now) {
+  if (!q || !(n(q.daily_usd) > 0)) return "";
+  const spent = n(q.spent_today_usd);
+  let text = `$${spent.toFixed(2)} of $${n(q.daily_usd).toFixed(2)} spent today`;
+  if (spent >= n(q.daily_usd)) text += " (quota reached: new runs are refused)";
+  const reset = q.resets_time ? new Date(q.resets_time).getTime() : NaN;
+  if (!Number.isNaN(reset)) {
+    const mins = Math.max(0, Math.ceil((reset - now) / 60000));
+    text += ` · resets in ${mins < 60 ? `${mins} min` : `${Math.floor(mins / 60)} h ${mins % 60} min`}`;
+  }
+  return text;
+}

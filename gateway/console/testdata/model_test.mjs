@@ -16,9 +16,12 @@ assert.equal(m.formatDiff({additions:"2737", deletions:"4", files_changed:"1"}),
 assert.equal(m.formatUsage({cost_usd:0.2932, tokens_in:"38000", tokens_out:"7060"}), "$0.2932 · 38,000 tokens in, 7,060 out");
 assert.equal(m.statusLabel("TASK_STATUS_AWAITING_REVIEW"), "awaiting review");
 // daily work
-assert.deepEqual(m.actionsFor({status:"TASK_STATUS_PROPOSING"}), {dispatch:true, cancel:true, cancelClosesPR:false, retry:false});
-assert.deepEqual(m.actionsFor({status:"TASK_STATUS_AWAITING_REVIEW"}), {dispatch:false, cancel:true, cancelClosesPR:true, retry:false});
-assert.deepEqual(m.actionsFor({status:"TASK_STATUS_FAILED"}), {dispatch:false, cancel:false, cancelClosesPR:false, retry:true});
+assert.deepEqual(m.actionsFor({status:"TASK_STATUS_PROPOSING"}), {dispatch:true, cancel:true, cancelClosesPR:false, retry:false, followUp:false});
+assert.deepEqual(m.actionsFor({status:"TASK_STATUS_AWAITING_REVIEW"}), {dispatch:false, cancel:true, cancelClosesPR:true, retry:false, followUp:true});
+assert.deepEqual(m.actionsFor({status:"TASK_STATUS_FAILED"}), {dispatch:false, cancel:false, cancelClosesPR:false, retry:true, followUp:false});
+assert.deepEqual(m.actionsFor({status:"TASK_STATUS_FAILED", pr_url:"https://github.com/a/b/pull/1"}), {dispatch:false, cancel:false, cancelClosesPR:false, retry:true, followUp:true});
+assert.equal(m.actionsFor({status:"TASK_STATUS_RUNNING", pr_url:"https://github.com/a/b/pull/1"}).followUp, false);
+assert.equal(m.actionsFor({status:"TASK_STATUS_DONE", pr_url:"https://github.com/a/b/pull/1"}).followUp, false);
 assert.equal(m.streamShowsLive("TASK_STATUS_QUEUED"), false);
 assert.equal(m.streamShowsLive("TASK_STATUS_PROPOSING"), false);
 assert.equal(m.streamShowsLive("TASK_STATUS_RUNNING"), true);
@@ -50,4 +53,25 @@ assert.equal(m.formatAge("2026-01-01T00:00:00Z", Date.parse("2026-01-01T00:05:30
 assert.equal(m.formatAge("2026-01-01T00:00:00Z", Date.parse("2026-01-03T01:00:00Z")), "2 d");
 assert.equal(m.formatCost({cost_usd:0.2932}), "$0.2932");
 assert.equal(m.formatCost(undefined), "—");
+// runs, follow-ups, budget
+assert.equal(m.triggerLabel("review"), "review");
+assert.equal(m.triggerLabel("create"), "first run");
+assert.equal(m.requesterLabel("github:octocat"), "@octocat");
+assert.equal(m.requesterLabel("user:alice"), "alice");
+assert.deepEqual(m.runRows({prompt:"Add a flag", run:2, runs:[
+  {number:1, trigger:"create", prompt:"", state:"finished", requested_by:"user:alice", diff_stats:{additions:"12", deletions:"1", files_changed:"2"}, usage:{cost_usd:0.25}, create_time:"2026-01-01T00:00:00Z"},
+  {number:2, trigger:"review", prompt:"src/a.go:3: rename it", state:"running", requested_by:"github:octocat", diff_stats:{}, usage:{}, create_time:"2026-01-01T01:00:00Z"}]}),
+  [{number:2, title:"Run 2 · review by @octocat", prompt:"src/a.go:3: rename it", state:"running", diff:"", cost:"—", created:"2026-01-01T01:00:00Z", current:true},
+   {number:1, title:"Run 1 · first run by alice", prompt:"Add a flag", state:"finished", diff:"+12 −1, 2 files", cost:"$0.2500", created:"2026-01-01T00:00:00Z", current:false}]);
+assert.deepEqual(m.runRows({prompt:"p"}), []);
+assert.deepEqual(m.validateFollowUp("  "), {prompt:"prompt: is required: say what the follow-up should change"});
+assert.deepEqual(m.validateFollowUp("rename it"), {});
+assert.match(m.validateFollowUp("é".repeat(20000)).prompt, /^prompt: is 40000 bytes, more than the limit of 32768$/);
+assert.equal(m.budgetText({max_budget_usd:5, usage:{cost_usd:0.2932}}), "$0.2932 of $5.00 per task");
+assert.equal(m.budgetText({usage:{}}), "");
+assert.equal(m.quotaText({daily_usd:10, spent_today_usd:1.75, resets_time:"2026-01-02T00:00:00Z"}, Date.parse("2026-01-01T20:30:00Z")),
+  "$1.75 of $10.00 spent today · resets in 3 h 30 min");
+assert.equal(m.quotaText({daily_usd:2, spent_today_usd:2.5, resets_time:"2026-01-02T00:00:00Z"}, Date.parse("2026-01-01T23:50:00Z")),
+  "$2.50 of $2.00 spent today (quota reached: new runs are refused) · resets in 10 min");
+assert.equal(m.quotaText(undefined, 0), "");
 console.log("ok");
