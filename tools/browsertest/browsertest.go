@@ -25,6 +25,10 @@ const (
 	// ScenarioCancelReview cancels the demo task (closing its pull request),
 	// so it is not in the default set.
 	ScenarioCancelReview = "cancel-review"
+	// ScenarioCORS loads a page of another origin (CrossOrigin) that calls
+	// the API and opens an event stream; in the default set when
+	// Options.CORSPage is set.
+	ScenarioCORS = "cors"
 )
 
 // DefaultChromium is Debian's chromium package.
@@ -44,6 +48,10 @@ type Options struct {
 	// DemoTaskID is the awaiting-review task of the trace and cancel-review
 	// scenarios; empty: the task create-task creates in the same run.
 	DemoTaskID string
+	// CORSPage and CORSDeniedPage are cors.html at an origin the gateway
+	// allows (TASKRUNNER_CORS_ORIGINS) and at one it does not (CrossOrigin's
+	// Allowed and Denied); the cors scenario needs both.
+	CORSPage, CORSDeniedPage string
 	// TaskTimeout bounds how long the created task may take to open its PR.
 	// Zero means the script's default (4 minutes).
 	TaskTimeout time.Duration
@@ -93,7 +101,8 @@ func Run(ctx context.Context, o Options) error {
 	cmd := exec.CommandContext(ctx, node, filepath.Join(root, Script))
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "BASE_URL="+o.BaseURL, "TOKEN="+o.Token, "OUT_DIR="+o.OutDir, "CHROMIUM="+chromium,
-		"SCENARIOS="+strings.Join(o.Scenarios, ","), "DEMO_TASK_ID="+o.DemoTaskID)
+		"SCENARIOS="+strings.Join(o.Scenarios, ","), "DEMO_TASK_ID="+o.DemoTaskID,
+		"CORS_PAGE="+o.CORSPage, "CORS_DENIED_PAGE="+o.CORSDeniedPage)
 	if o.TaskTimeout > 0 {
 		cmd.Env = append(cmd.Env, "TASK_TIMEOUT_MS="+strconv.FormatInt(o.TaskTimeout.Milliseconds(), 10))
 	}

@@ -3,6 +3,8 @@ package browsertest_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +43,8 @@ func TestScriptUsage(t *testing.T) {
 		{nil, "BASE_URL is required"},
 		{[]string{"BASE_URL=http://127.0.0.1:1"}, "TOKEN (or TOKEN_FILE) is required"},
 		{[]string{"BASE_URL=http://127.0.0.1:1", "TOKEN=x", "SCENARIOS=nope"}, `unknown scenario "nope"`},
-		{[]string{"BASE_URL=http://127.0.0.1:1", "TOKEN=x", "SCENARIOS=trace,bogus"}, `unknown scenario "bogus" (have create-task, validation, daily-work, queue, trace, cancel-review)`},
+		{[]string{"BASE_URL=http://127.0.0.1:1", "TOKEN=x", "SCENARIOS=trace,bogus"}, `unknown scenario "bogus" (have create-task, validation, daily-work, queue, trace, cors, cancel-review)`},
+		{[]string{"BASE_URL=http://127.0.0.1:1", "TOKEN=x", "SCENARIOS=cors"}, "the cors scenario needs CORS_PAGE and CORS_DENIED_PAGE"},
 	} {
 		cmd := exec.Command(node, "console.mjs")
 		cmd.Env = append(cleanEnv(), tc.env...)
@@ -57,7 +60,7 @@ func cleanEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		switch strings.SplitN(kv, "=", 2)[0] {
-		case "BASE_URL", "TOKEN", "TOKEN_FILE", "SCENARIOS", "OUT_DIR", "DEMO_TASK_ID":
+		case "BASE_URL", "TOKEN", "TOKEN_FILE", "SCENARIOS", "OUT_DIR", "DEMO_TASK_ID", "CORS_PAGE", "CORS_DENIED_PAGE":
 			continue
 		}
 		env = append(env, kv)
@@ -106,4 +109,28 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// TestCrossOriginServesThePageOnTwoOrigins: the CORS scenario's page comes
+// from two distinct origins, neither of them anything else.
+func TestCrossOriginServesThePageOnTwoOrigins(t *testing.T) {
+	co, err := browsertest.StartCrossOrigin()
+	require.NoError(t, err)
+	defer co.Close()
+	require.NotEqual(t, co.Allowed, co.Denied)
+	for _, origin := range []string{co.Allowed, co.Denied} {
+		require.Regexp(t, `^http://127\.0\.0\.1:\d+$`, origin)
+		resp, err := http.Get(origin + "/")
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Contains(t, string(body), `data-testid="cors-result"`)
+		require.Contains(t, string(body), "new EventSource(")
+		resp, err = http.Get(origin + "/other")
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	}
 }

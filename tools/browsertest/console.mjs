@@ -22,9 +22,13 @@
 //   REPO          repository of the task (default demo/greet)
 //   PROMPT        prompt of the task (default "Add a --farewell flag to greet")
 //   TASK_TIMEOUT_MS  how long the task may take to open its PR (default 240000)
-//   SCENARIOS     comma-separated subset (default create-task,validation,daily-work,queue,trace)
+//   SCENARIOS     comma-separated subset (default create-task,validation,daily-work,queue,trace,
+//                 and cors when CORS_PAGE is set)
 //   DEMO_TASK_ID  the awaiting-review task that trace and cancel-review use
 //                 (default: the one create-task created in this run)
+//   CORS_PAGE     cors.html served from an origin the gateway allows
+//                 (TASKRUNNER_CORS_ORIGINS); CORS_DENIED_PAGE the same page
+//                 from an origin it does not allow (browsertest.CrossOrigin)
 //
 //   daily-work   list columns and filters (status, repository), create a task
 //                without dispatching it: no live marker while it is proposing,
@@ -34,12 +38,16 @@
 //                and in the list, then cancel them all.
 //   trace        the demo task's trace waterfall (spans from the gateway to
 //                the runner's stages, read from Jaeger) and cost per stage.
+//   cors         a page of another origin calls the API (a list, a preflighted
+//                POST whose 400 it can read, the exposed X-Request-Id) and
+//                opens a task's event stream; the same page from an origin
+//                the gateway does not allow can do neither.
 //   cancel-review (not in the default set: it closes the demo task's PR)
 //                the awaiting-review demo task warns that Cancel closes its
 //                pull request before the click; cancel it.
 //
 // Artifacts in OUT_DIR: console-task.png, console-validation.png,
-// console-list.png, console-queue.png, console-trace.png, console-cancel-review.png,
+// console-list.png, console-queue.png, console-trace.png, console-cancel-review.png, console-cors.png,
 // failure-<scenario>.png (on failure), result.json (what happened).
 // Exit status: 0 when every scenario passed, 1 when one failed, 2 on bad usage.
 
@@ -63,8 +71,10 @@ async function config() {
   let token = env.TOKEN || "";
   if (!token && env.TOKEN_FILE) token = (await readFile(env.TOKEN_FILE, "utf8")).trim();
   if (!token) usage("TOKEN (or TOKEN_FILE) is required");
-  const scenarios = (env.SCENARIOS || "create-task,validation,daily-work,queue,trace").split(",").map((s) => s.trim()).filter(Boolean);
+  const defaults = "create-task,validation,daily-work,queue,trace" + (env.CORS_PAGE ? ",cors" : "");
+  const scenarios = (env.SCENARIOS || defaults).split(",").map((s) => s.trim()).filter(Boolean);
   for (const s of scenarios) if (!SCENARIOS[s]) usage(`SCENARIOS: unknown scenario ${JSON.stringify(s)} (have ${Object.keys(SCENARIOS).join(", ")})`);
+  if (scenarios.includes("cors") && !(env.CORS_PAGE && env.CORS_DENIED_PAGE)) usage("the cors scenario needs CORS_PAGE and CORS_DENIED_PAGE");
   const timeout = Number(env.TASK_TIMEOUT_MS || 240000);
   if (!(timeout > 0)) usage("TASK_TIMEOUT_MS: want a positive number of milliseconds");
   return {
@@ -77,6 +87,8 @@ async function config() {
     taskTimeout: timeout,
     scenarios,
     demoTask: env.DEMO_TASK_ID || "",
+    corsPage: env.CORS_PAGE || "",
+    corsDeniedPage: env.CORS_DENIED_PAGE || "",
   };
 }
 
@@ -366,6 +378,49 @@ const SCENARIOS = {
     const shot = path.join(cfg.outDir, "console-trace.png");
     await page.screenshot({ path: shot, fullPage: true });
     result.screenshots.push(shot);
+  },
+
+  async cors(page, cfg, result) {
+    const headers = { Authorization: `Bearer ${cfg.token}`, "Content-Type": "application/json" };
+    // A task whose stream has an event: the demo task, or one made here.
+    let task = cfg.demoTask;
+    let made = "";
+    if (!task) {
+      const r = await page.request.post(`${cfg.base}/v1/tasks`, { headers, data: { repo: cfg.repo, prompt: "CORS check: add a --cors flag to greet" } });
+      check(r.ok(), `creating a task for the stream failed: ${r.status()} ${await r.text()}`);
+      task = made = (await r.json()).task.id;
+    }
+    const run = async (pageURL) => {
+      const u = new URL(pageURL);
+      // The token travels in the fragment: never sent to the page's server.
+      u.hash = new URLSearchParams({ api: cfg.base, token: cfg.token, task }).toString();
+      await page.goto(u.href, { waitUntil: "domcontentloaded" });
+      await page.waitForFunction(() => document.querySelector("[data-testid=cors-result]")?.dataset.state === "done", null, { timeout: 40000 })
+        .catch(() => { throw new Failure(`the page at ${u.origin} did not finish its calls within 40 s`); });
+      return JSON.parse(await tid(page, "cors-result").textContent());
+    };
+    try {
+      const ok = await run(cfg.corsPage);
+      result.allowed = ok;
+      check(ok.origin !== new URL(cfg.base).origin, `the page is not of another origin (${ok.origin})`);
+      check(ok.list_status === 200 && ok.list_tasks >= 0, `GET /v1/tasks from ${ok.origin}: ${JSON.stringify(ok)}`);
+      check(/\S/.test(ok.list_request_id), `X-Request-Id is not exposed to ${ok.origin}: ${JSON.stringify(ok)}`);
+      check(ok.create_status === 400 && /^(repo|prompt): /.test(ok.create_message || ""),
+        `the preflighted POST's 400 is not readable from ${ok.origin}: ${JSON.stringify(ok)}`);
+      check(/^status_change TASK_STATUS_/.test(ok.sse_event || "") && Number(ok.sse_id) >= 1,
+        `no event over EventSource from ${ok.origin}: ${JSON.stringify(ok)}`);
+      const shot = path.join(cfg.outDir, "console-cors.png");
+      await page.screenshot({ path: shot, fullPage: true });
+      result.screenshots.push(shot);
+
+      const denied = await run(cfg.corsDeniedPage);
+      result.denied = denied;
+      check(denied.list_error && !denied.list_status, `GET /v1/tasks succeeded from the origin that is not allowed, ${denied.origin}: ${JSON.stringify(denied)}`);
+      check(denied.create_error && !denied.create_status, `the POST succeeded from ${denied.origin}: ${JSON.stringify(denied)}`);
+      check(denied.sse_error && !denied.sse_event, `the event stream opened from ${denied.origin}: ${JSON.stringify(denied)}`);
+    } finally {
+      if (made) await page.request.post(`${cfg.base}/v1/tasks/${made}:cancel`, { headers, data: { reason: "browser test cleanup" } }).catch(() => {});
+    }
   },
 
   async "cancel-review"(page, cfg, result) {
