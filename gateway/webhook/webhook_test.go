@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/taskrunner/taskrunner/platform/rpcauth"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/errs"
@@ -110,7 +111,7 @@ func newEnv(t *testing.T, opts ...Option) *env {
 	}()
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(auth.PerRPCToken(e.apiToken)))
+		grpc.WithPerRPCCredentials(rpcauth.BearerToken(e.apiToken)))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = conn.Close()

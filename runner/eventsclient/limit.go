@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/runner/redact"
+	"github.com/taskrunner/taskrunner/platform/redact"
 )
 
 // MaxEventBytes is the largest event the Events service accepts by default, measured the way

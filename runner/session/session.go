@@ -14,7 +14,7 @@ import (
 
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/proc"
-	"github.com/taskrunner/taskrunner/runner/redact"
+	"github.com/taskrunner/taskrunner/platform/redact"
 )
 
 // MaxBytes is the largest archive (compressed) the control plane stores.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/agent/claude"
-	"github.com/taskrunner/taskrunner/runner/redact"
+	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/session"
 )
 

@@ -23,7 +23,7 @@ import (
 	"github.com/taskrunner/taskrunner/runner/agent/claude"
 	"github.com/taskrunner/taskrunner/runner/agent/codex"
 	"github.com/taskrunner/taskrunner/runner/proc"
-	"github.com/taskrunner/taskrunner/runner/redact"
+	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
 	"github.com/taskrunner/taskrunner/runner/stages"
 	"github.com/taskrunner/taskrunner/runner/workspace"

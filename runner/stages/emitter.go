@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/taskrunner/taskrunner/runner/eventsclient"
-	"github.com/taskrunner/taskrunner/runner/redact"
+	"github.com/taskrunner/taskrunner/platform/redact"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )

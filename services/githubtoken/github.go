@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/go-github/v62/github"
+
+	"github.com/taskrunner/taskrunner/platform/redact"
 )
 
 // Permissions every issued installation token is restricted to (ARCHITECTURE.md section 5).
@@ -45,21 +45,17 @@ func (e *apiError) Error() string {
 	return fmt.Sprintf("github: %s: HTTP %d: %s", e.Op, e.Status, e.Message)
 }
 
-// tokenPattern matches GitHub credentials and JWTs, so that no message carries one even if a
-// server echoes it.
-var tokenPattern = regexp.MustCompile(`(?i)(gh[pousr]_[A-Za-z0-9_]{8,}|github_pat_[A-Za-z0-9_]{8,}|x-access-token:\S+|bearer\s+\S+|token\s+\S{20,}|eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*)`)
+// maxMessage bounds a GitHub error message kept in an error or a log.
+const maxMessage = 300
 
-func redact(s string, secrets ...string) string {
+// redactMessage masks platform/redact's secret shapes (GitHub tokens, JWTs, bearer values …)
+// and the configured secrets, so no message carries one even if a server echoes it.
+func redactMessage(s string, secrets ...string) string {
+	r, _ := redact.New(nil)
 	for _, sec := range secrets {
-		if sec != "" {
-			s = strings.ReplaceAll(s, sec, "[REDACTED]")
-		}
+		r.AddLiteral(sec)
 	}
-	s = tokenPattern.ReplaceAllString(s, "[REDACTED]")
-	if len(s) > 300 {
-		s = s[:300] + "…"
-	}
-	return s
+	return r.Clean(s, maxMessage)
 }
 
 // sanitize rebuilds err without anything that could carry a secret.
@@ -83,7 +79,7 @@ func (g *githubAPI) sanitize(op string, resp *github.Response, err error) error 
 	case errors.As(err, &arl):
 		out.Message = "secondary rate limit"
 	case errors.As(err, &er):
-		out.Message = redact(er.Message, g.secret...)
+		out.Message = redactMessage(er.Message, g.secret...)
 	default:
 		// A transport error: keep only its innermost cause (the URL is ours and holds no
 		// credential, but a proxy error could quote headers).
@@ -91,7 +87,7 @@ func (g *githubAPI) sanitize(op string, resp *github.Response, err error) error 
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		out.Message = redact(err.Error(), g.secret...)
+		out.Message = redactMessage(err.Error(), g.secret...)
 	}
 	return out
 }

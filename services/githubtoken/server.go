@@ -344,7 +344,7 @@ func (s *Server) domainError(ctx context.Context, err error) error {
 	}
 	var ae *apiError
 	if !errors.As(err, &ae) {
-		s.log.ErrorContext(ctx, "github token error", "error", redact(err.Error(), s.gh.secret...))
+		s.log.ErrorContext(ctx, "github token error", "error", redactMessage(err.Error(), s.gh.secret...))
 		return errs.Unavailable("GitHub could not be reached")
 	}
 	s.log.WarnContext(ctx, "github call failed", "op", ae.Op, "status", ae.Status, "message", ae.Message)

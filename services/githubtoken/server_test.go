@@ -357,11 +357,11 @@ func TestSanitize(t *testing.T) {
 		want string
 	}{
 		{"error response quoting a token", &github.ErrorResponse{Response: resp.Response, Message: "bad token ghs_abcdefghijklmnopqrstuvwxyz0123456789"},
-			"github: mint: HTTP 422: bad [REDACTED]"},
+			"github: mint: HTTP 422: bad token [REDACTED]"},
 		{"configured secret", &github.ErrorResponse{Response: resp.Response, Message: "no " + secret},
 			"github: mint: HTTP 422: no [REDACTED]"},
 		{"transport error quoting a header", fmt.Errorf("proxy said Authorization: Bearer eyJhbGciOiJSUzI1NiJ9.eyJpc3MiOiIxIn0.c2ln"),
-			"github: mint: HTTP 422: proxy said Authorization: [REDACTED]"},
+			"github: mint: HTTP 422: proxy said Authorization: Bearer [REDACTED]"},
 		{"timeout", context.DeadlineExceeded, "github: mint: timed out or cancelled"},
 	}
 	for _, tc := range tests {

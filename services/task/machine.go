@@ -1,9 +1,7 @@
 package task
 
 import (
-	"regexp"
-	"unicode/utf8"
-
+	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/services/errs"
 )
 
@@ -51,21 +49,10 @@ func CanMove(from, to Status) bool {
 // MaxReasonBytes bounds failed_reason.
 const MaxReasonBytes = 1024
 
-// secretPattern matches credentials that must never be stored in a reason:
-// GitHub tokens, our API tokens, bearer headers, common API keys, PEM blocks.
-var secretPattern = regexp.MustCompile(`(?i)(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|trt_[A-Za-z0-9_-]{20,}|sk-[A-Za-z0-9_-]{16,}|x-access-token:[^@\s]+|bearer\s+[A-Za-z0-9._~+/=-]{12,}|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----)`)
-
-// CleanReason redacts secrets and truncates to MaxReasonBytes on a rune boundary.
+// CleanReason redacts secrets (platform/redact's shapes) and truncates to
+// MaxReasonBytes on a rune boundary, marking a cut with "…".
 func CleanReason(s string) string {
-	s = secretPattern.ReplaceAllString(s, "[REDACTED]")
-	if len(s) <= MaxReasonBytes {
-		return s
-	}
-	cut := MaxReasonBytes
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
+	return redact.Clean(s, MaxReasonBytes)
 }
 
 // Apply returns the task after a, or an ErrInvalidTransition error that names

@@ -16,10 +16,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/taskrunner/taskrunner/platform/telemetry"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/errs"
-	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 var tracer = otel.Tracer("github.com/taskrunner/taskrunner/services/task")

@@ -6,7 +6,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/taskrunner/taskrunner/services/telemetry"
+	"github.com/taskrunner/taskrunner/platform/telemetry"
 )
 
 // StartSpan starts a span in t's own trace, as a child of its task.create

@@ -1,6 +1,7 @@
-// Package telemetry is the one OpenTelemetry setup every taskrunner binary
-// calls: traces exported over OTLP (configured only by the standard OTEL_*
-// variables), W3C trace context propagation, metrics on a Prometheus
-// endpoint, and slog handlers that stamp trace and span ids on every record.
-// It must not read any taskrunner-specific configuration.
+// Package telemetry is taskrunnerd's part of the telemetry setup: the
+// Prometheus exporter (with Go runtime and process collectors) behind its
+// /metrics endpoint. Everything every process shares (OTLP tracing, W3C
+// propagation, traceparent helpers, the slog trace handler) is
+// platform/telemetry; this package only adds the metrics that need the
+// Prometheus client, so neither the runner nor the gateway links it.
 package telemetry

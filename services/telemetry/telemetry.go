@@ -2,151 +2,35 @@ package telemetry
 
 import (
 	"context"
-	"errors"
-	"log/slog"
 	"net/http"
-	"os"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/contrib/exporters/autoexport"
-	"go.opentelemetry.io/otel"
 	promexporter "go.opentelemetry.io/otel/exporters/prometheus"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
-	"go.opentelemetry.io/otel/trace"
+
+	"github.com/taskrunner/taskrunner/platform/telemetry"
 )
 
-// Telemetry holds the providers of one process.
+// Telemetry is platform/telemetry's providers plus the Prometheus page.
 type Telemetry struct {
-	Tracer trace.TracerProvider
-	Meter  metric.MeterProvider
+	*telemetry.Telemetry
 	// Metrics serves the Prometheus text format.
-	Metrics  http.Handler
-	shutdown []func(context.Context) error
+	Metrics http.Handler
 }
 
-// Exporting reports whether OTEL_* variables ask for trace export. Without
-// them spans are still created (trace ids reach logs, the task row and the
-// PR body) but go nowhere, so a process never retries a collector that was
-// never configured.
-func Exporting() bool {
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"} {
-		if os.Getenv(k) != "" {
-			return true
-		}
-	}
-	return false
-}
-
-// Setup installs global tracer and meter providers and the W3C propagator.
-// service is the default service.name (OTEL_SERVICE_NAME wins).
+// Setup is platform/telemetry.Setup with metrics exported to a Prometheus
+// registry that also carries the Go runtime and process collectors.
 func Setup(ctx context.Context, service string) (*Telemetry, error) {
-	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(semconv.ServiceName(service)))
-	if err != nil {
-		return nil, err
-	}
-	if env, _ := resource.New(ctx, resource.WithFromEnv()); env != nil {
-		if merged, err := resource.Merge(res, env); err == nil {
-			res = merged
-		}
-	}
-	t := &Telemetry{}
-	topts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
-	if Exporting() {
-		exp, err := autoexport.NewSpanExporter(ctx)
-		if err != nil {
-			return nil, err
-		}
-		topts = append(topts, sdktrace.WithBatcher(exp))
-	}
-	tp := sdktrace.NewTracerProvider(topts...)
-	t.Tracer = tp
-	t.shutdown = append(t.shutdown, tp.Shutdown)
-	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pexp, err := promexporter.New(promexporter.WithRegisterer(reg))
 	if err != nil {
 		return nil, err
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(pexp))
-	t.Meter = mp
-	t.shutdown = append(t.shutdown, mp.Shutdown)
-	otel.SetMeterProvider(mp)
-	t.Metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
-	return t, nil
-}
-
-// Shutdown flushes spans and stops the providers.
-func (t *Telemetry) Shutdown(ctx context.Context) error {
-	var errs []error
-	for i := len(t.shutdown) - 1; i >= 0; i-- {
-		errs = append(errs, t.shutdown[i](ctx))
+	t, err := telemetry.Setup(ctx, service, telemetry.WithMetricReader(pexp))
+	if err != nil {
+		return nil, err
 	}
-	return errors.Join(errs...)
-}
-
-// Handler wraps a slog handler so every record logged with a context that
-// carries a span gets trace_id and span_id.
-func Handler(h slog.Handler) slog.Handler { return traceHandler{h} }
-
-type traceHandler struct{ slog.Handler }
-
-func (h traceHandler) Handle(ctx context.Context, r slog.Record) error {
-	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
-		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
-	}
-	return h.Handler.Handle(ctx, r)
-}
-
-func (h traceHandler) WithAttrs(a []slog.Attr) slog.Handler {
-	return traceHandler{h.Handler.WithAttrs(a)}
-}
-func (h traceHandler) WithGroup(n string) slog.Handler { return traceHandler{h.Handler.WithGroup(n)} }
-
-// Traceparent renders ctx's span context as a W3C traceparent header value
-// ("" when ctx has no valid span), for handing a trace to a sandbox.
-func Traceparent(ctx context.Context) string {
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier)
-	return carrier["traceparent"]
-}
-
-// ContextFromTraceparent returns ctx carrying the remote span context of a
-// traceparent value (ctx unchanged when the value is empty or invalid).
-func ContextFromTraceparent(ctx context.Context, tp string) context.Context {
-	if strings.TrimSpace(tp) == "" {
-		return ctx
-	}
-	return propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": tp})
-}
-
-// ChildOnly wraps a provider so its tracers only record spans that have a
-// parent: database and Redis calls show up inside request traces, while
-// background polling (health checks, the reaper's queries) does not start
-// thousands of one-span traces.
-func ChildOnly(tp trace.TracerProvider) trace.TracerProvider { return childOnlyProvider{tp} }
-
-type childOnlyProvider struct{ trace.TracerProvider }
-
-func (p childOnlyProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
-	return childOnlyTracer{Tracer: p.TracerProvider.Tracer(name, opts...)}
-}
-
-type childOnlyTracer struct{ trace.Tracer }
-
-func (t childOnlyTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return ctx, trace.SpanFromContext(ctx)
-	}
-	return t.Tracer.Start(ctx, name, opts...)
+	return &Telemetry{Telemetry: t, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}, nil
 }

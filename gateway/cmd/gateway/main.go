@@ -28,9 +28,9 @@ import (
 	"github.com/taskrunner/taskrunner/gateway/rest"
 	"github.com/taskrunner/taskrunner/gateway/sse"
 	"github.com/taskrunner/taskrunner/gateway/webhook"
+	"github.com/taskrunner/taskrunner/platform/rpcauth"
+	"github.com/taskrunner/taskrunner/platform/telemetry"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
-	"github.com/taskrunner/taskrunner/services/auth"
-	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 func main() {
@@ -64,7 +64,10 @@ func run() error {
 	logger := slog.New(telemetry.Handler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	tel, err := telemetry.Setup(ctx, "gateway")
+	// /metrics is a Prometheus text page over the SDK's reader: the gateway
+	// links no Prometheus client (platform/telemetry.MetricsPage).
+	metricsPage := telemetry.NewMetricsPage()
+	tel, err := telemetry.Setup(ctx, "gateway", telemetry.WithMetricReader(metricsPage.Reader()))
 	if err != nil {
 		return fmt.Errorf("telemetry (OTEL_* variables): %w", err)
 	}
@@ -125,7 +128,7 @@ func run() error {
 	// The webhook has its own body limit (GitHub deliveries can exceed the
 	// API's), so it is mounted outside the REST body limit and CORS, like
 	// the metrics.
-	unlimited := map[string]http.Handler{"GET /metrics": tel.Metrics}
+	unlimited := map[string]http.Handler{"GET /metrics": metricsPage}
 	var whCfg webhook.Config
 	if err := env.Parse(&whCfg); err != nil {
 		return fmt.Errorf("configuration: %w", err)
@@ -137,7 +140,7 @@ func run() error {
 			return fmt.Errorf("TASKRUNNER_GATEWAY_INTERNAL_TOKEN: required with TASKRUNNER_GITHUB_WEBHOOK_SECRET (create one with `taskctl token create --owner gateway --scopes internal`)")
 		}
 		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel,
-			grpc.WithPerRPCCredentials(auth.PerRPCToken(cfg.InternalToken)))
+			grpc.WithPerRPCCredentials(rpcauth.BearerToken(cfg.InternalToken)))
 		if err != nil {
 			return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
 		}

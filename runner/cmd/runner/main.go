@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/taskrunner/taskrunner/platform/redact"
+	"github.com/taskrunner/taskrunner/platform/telemetry"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/agent/claude"
@@ -29,12 +31,10 @@ import (
 	"github.com/taskrunner/taskrunner/runner/eventsclient"
 	"github.com/taskrunner/taskrunner/runner/modelproxy"
 	"github.com/taskrunner/taskrunner/runner/proc"
-	"github.com/taskrunner/taskrunner/runner/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
 	"github.com/taskrunner/taskrunner/runner/rpcretry"
 	"github.com/taskrunner/taskrunner/runner/stages"
 	"github.com/taskrunner/taskrunner/runner/workspace"
-	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".

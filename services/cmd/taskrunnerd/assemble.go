@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/taskrunner/taskrunner/platform/rpcauth"
+	"github.com/taskrunner/taskrunner/platform/telemetry"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/config"
@@ -27,7 +29,6 @@ import (
 	"github.com/taskrunner/taskrunner/services/sandbox"
 	"github.com/taskrunner/taskrunner/services/sandbox/process"
 	"github.com/taskrunner/taskrunner/services/task"
-	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 // app is everything serve runs.
@@ -133,7 +134,7 @@ func assemble(ctx context.Context, cfg config.Daemon, pool *pgxpool.Pool, rdb *r
 	} else if taskSrv != nil && cfg.DispatchAddr != "" {
 		conn, err := grpc.NewClient(cfg.DispatchAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
-			grpc.WithPerRPCCredentials(auth.PerRPCToken(cfg.InternalToken)))
+			grpc.WithPerRPCCredentials(rpcauth.BearerToken(cfg.InternalToken)))
 		if err != nil {
 			return nil, fmt.Errorf("TASKRUNNER_DISPATCH_ADDR: %w", err)
 		}

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	ptel "github.com/taskrunner/taskrunner/platform/telemetry"
 	"github.com/taskrunner/taskrunner/services/config"
 	"github.com/taskrunner/taskrunner/services/store"
 	"github.com/taskrunner/taskrunner/services/telemetry"
@@ -91,9 +92,9 @@ func newLogger(cfg config.Daemon, w io.Writer) *slog.Logger {
 	level, _ := config.ParseLevel(cfg.LogLevel)
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "text" {
-		return slog.New(telemetry.Handler(slog.NewTextHandler(w, opts)))
+		return slog.New(ptel.Handler(slog.NewTextHandler(w, opts)))
 	}
-	return slog.New(telemetry.Handler(slog.NewJSONHandler(w, opts)))
+	return slog.New(ptel.Handler(slog.NewJSONHandler(w, opts)))
 }
 
 func migrate(ctx context.Context, cfg config.Daemon, logger *slog.Logger) error {
@@ -119,7 +120,7 @@ func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger, tel *tel
 	if err != nil {
 		return fmt.Errorf("TASKRUNNER_DATABASE_URL: %w", err)
 	}
-	pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(telemetry.ChildOnly(tel.Tracer)))
+	pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(ptel.ChildOnly(tel.Tracer)))
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -131,7 +132,7 @@ func serve(ctx context.Context, cfg config.Daemon, logger *slog.Logger, tel *tel
 	}
 	rdb := redis.NewClient(ropts)
 	defer rdb.Close()
-	if err := redisotel.InstrumentTracing(rdb, redisotel.WithTracerProvider(telemetry.ChildOnly(tel.Tracer))); err != nil {
+	if err := redisotel.InstrumentTracing(rdb, redisotel.WithTracerProvider(ptel.ChildOnly(tel.Tracer))); err != nil {
 		return err
 	}
 	if err := taskMetrics(pool); err != nil {

@@ -18,7 +18,7 @@ import (
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
-	"github.com/taskrunner/taskrunner/services/telemetry"
+	"github.com/taskrunner/taskrunner/platform/telemetry"
 	"github.com/taskrunner/taskrunner/tools/forge"
 )
 

@@ -26,9 +26,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/taskrunner/taskrunner/platform/telemetry"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/pki"
-	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
 // globals are the flags every command shares. Flags that default to an

@@ -12,29 +12,49 @@ import (
 // Mask replaces every secret.
 const Mask = "[REDACTED]"
 
-// builtin are the secret shapes always removed. Order matters only for readability: every
-// pattern is applied in turn.
-var builtin = []*regexp.Regexp{
+// rule is one secret shape and what replaces it: Mask, or a template that keeps a harmless
+// prefix (the scheme://user: of a URL credential, the word of an Authorization value) so the
+// message still says what was there.
+type rule struct {
+	re   *regexp.Regexp
+	repl string
+}
+
+// builtin are the secret shapes always removed: the union of what the runner's log redactor,
+// the task's failure-reason cleaner and the GitHub token service's error redactor matched
+// before they became this one package (each case is in TestBuiltinUnion). Every rule is
+// applied in turn, in this order; the ones keeping a prefix come first so a token inside
+// them is not masked with its prefix.
+var builtin = []rule{
 	// PEM private keys (RSA, EC, PKCS#8, OpenSSH …), also when cut off before the END line.
-	regexp.MustCompile(`-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|\z)`),
-	// GitHub tokens: installation (ghs_), personal (ghp_), OAuth (gho_), user-to-server (ghu_),
-	// refresh (ghr_) and fine-grained personal tokens (github_pat_).
-	regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{16,}`),
-	regexp.MustCompile(`\bgithub_pat_[A-Za-z0-9_]{20,}`),
-	// taskrunner API tokens.
-	regexp.MustCompile(`\btrt_[A-Za-z0-9_\-]{8,}`),
-	// Anthropic (sk-ant-…) and OpenAI-style (sk-…, sk-proj-…) keys.
-	regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{16,}`),
-	// Authorization header values.
-	regexp.MustCompile(`(?i)\b(bearer|basic)\s+[A-Za-z0-9_\-\.=:+/]{16,}`),
+	{regexp.MustCompile(`-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|\z)`), Mask},
 	// Credentials in URLs: scheme://user:password@host.
-	regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]*:)[^/\s@]+@`),
+	{regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]*:)[^/\s@]+@`), "${1}" + Mask + "@"},
+	// git's token user outside a URL (x-access-token:<token>).
+	{regexp.MustCompile(`(?i)\b(x-access-token:)[^@\s]+`), "${1}" + Mask},
+	// GitHub tokens: installation (ghs_), personal (ghp_), OAuth (gho_), user-to-server (ghu_),
+	// refresh (ghr_) and fine-grained personal tokens (github_pat_); 8 characters after the
+	// prefix, the shortest any old redactor accepted.
+	{regexp.MustCompile(`(?i)\bgh[pousr]_[A-Za-z0-9_]{8,}`), Mask},
+	{regexp.MustCompile(`(?i)\bgithub_pat_[A-Za-z0-9_]{8,}`), Mask},
+	// taskrunner API tokens.
+	{regexp.MustCompile(`(?i)\btrt_[A-Za-z0-9_\-]{8,}`), Mask},
+	// Anthropic (sk-ant-…) and OpenAI-style (sk-…, sk-proj-…) keys. The word boundary keeps
+	// "task-0123…" identifiers intact.
+	{regexp.MustCompile(`(?i)\bsk-[A-Za-z0-9_\-]{16,}`), Mask},
+	// JSON Web Tokens (a GitHub App's signed assertion, OIDC tokens).
+	{regexp.MustCompile(`\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*`), Mask},
+	// Authorization header values: any bearer value, long basic credentials, and GitHub's
+	// "token <value>" scheme.
+	{regexp.MustCompile(`(?i)\b(bearer)\s+\S+`), "${1} " + Mask},
+	{regexp.MustCompile(`(?i)\b(basic)\s+[A-Za-z0-9_\-\.=:+/]{16,}`), "${1} " + Mask},
+	{regexp.MustCompile(`(?i)\b(token)\s+\S{20,}`), "${1} " + Mask},
 }
 
 // Redactor removes secrets from text. It is safe for concurrent use; AddLiteral may be called
 // at any time (for example when a refreshed token arrives).
 type Redactor struct {
-	patterns []*regexp.Regexp
+	rules []rule
 
 	mu       sync.RWMutex
 	literals []string // longest first, so a secret containing another is masked whole
@@ -43,7 +63,7 @@ type Redactor struct {
 // New returns a Redactor with the built-in patterns plus extra regular expressions
 // (TASKRUNNER_REDACT_PATTERNS). It fails on an invalid expression.
 func New(extra []string) (*Redactor, error) {
-	r := &Redactor{patterns: append([]*regexp.Regexp(nil), builtin...)}
+	r := &Redactor{rules: append([]rule(nil), builtin...)}
 	for _, p := range extra {
 		if strings.TrimSpace(p) == "" {
 			continue
@@ -52,7 +72,7 @@ func New(extra []string) (*Redactor, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redact pattern %q: %w", p, err)
 		}
-		r.patterns = append(r.patterns, re)
+		r.rules = append(r.rules, rule{re, Mask})
 	}
 	return r, nil
 }
@@ -74,6 +94,13 @@ func (r *Redactor) AddLiteral(secret string) {
 	sort.Slice(r.literals, func(i, j int) bool { return len(r.literals[i]) > len(r.literals[j]) })
 }
 
+// std is the Redactor of String: the built-in patterns only.
+var std = &Redactor{rules: builtin}
+
+// String returns s with every built-in secret shape replaced by Mask, for text that has no
+// literal secrets or configured patterns to add (failure reasons, error messages).
+func String(s string) string { return std.String(s) }
+
 // String returns s with every secret replaced by Mask.
 func (r *Redactor) String(s string) string {
 	if s == "" {
@@ -84,22 +111,29 @@ func (r *Redactor) String(s string) string {
 		s = strings.ReplaceAll(s, l, Mask)
 	}
 	r.mu.RUnlock()
-	for _, re := range r.patterns {
-		s = re.ReplaceAllStringFunc(s, func(m string) string {
-			// Keep the scheme://user: prefix of a URL credential and the scheme word of an
-			// Authorization value, so the message still says what was there.
-			sub := re.FindStringSubmatch(m)
-			if len(sub) > 1 && sub[1] != "" && strings.HasPrefix(m, sub[1]) && !strings.HasPrefix(sub[1], "-----") {
-				if strings.HasSuffix(m, "@") {
-					return sub[1] + Mask + "@"
-				}
-				return sub[1] + " " + Mask
-			}
-			return Mask
-		})
+	for _, ru := range r.rules {
+		s = ru.re.ReplaceAllString(s, ru.repl)
 	}
 	return s
 }
+
+// Clean returns s redacted and cut to at most n bytes (Truncate), such that cleaning the
+// result again changes nothing: a cut can leave the start of a shape behind (a bearer value
+// cut inside its mask), so it redacts and cuts until nothing changes.
+func (r *Redactor) Clean(s string, n int) string {
+	s = Truncate(r.String(s), n)
+	for range 4 {
+		next := Truncate(r.String(s), n)
+		if next == s {
+			break
+		}
+		s = next
+	}
+	return s
+}
+
+// Clean is Redactor.Clean with the built-in shapes only (failure reasons, error messages).
+func Clean(s string, n int) string { return std.Clean(s, n) }
 
 // ansi matches CSI sequences (colours, cursor movement), OSC sequences (titles, hyperlinks)
 // and single-character escapes.
