@@ -368,6 +368,8 @@ const SCENARIOS = {
       check(names.includes(want), `the waterfall has no ${want} span (has ${names.join(", ")}); ${await tid(page, "trace-state").textContent()}`);
     }
     check(new Set(spans.map((s) => s.service)).size >= 2, "the waterfall shows one service only");
+    // Cost per stage is drawn from the task's events, which arrive over SSE.
+    await page.locator("[data-testid=stage-cost]").first().waitFor({ state: "attached", timeout: 30000 }).catch(() => {});
     const costs = await page.locator("[data-testid=stage-cost]").evaluateAll((els) => els.map((e) => [e.dataset.stage, e.querySelector(".cost-value").textContent]));
     result.stage_costs = costs;
     check(costs.length >= 1, "no cost per stage");

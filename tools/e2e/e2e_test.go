@@ -68,6 +68,7 @@ type stack struct {
 	cmd                *exec.Cmd
 	done               chan error
 	out                *syncBuffer
+	clone              string // a clone of demo/greet for follow-up checks (git)
 }
 
 type syncBuffer struct {
@@ -254,7 +255,7 @@ func until(t *testing.T, ch <-chan sseEvent, stop func(sseEvent) bool) []sseEven
 				return evs
 			}
 			if e.end != "" {
-				t.Log(e.end)
+				t.Logf("%s after %d events: %v", e.end, len(evs), timelineOf(evs))
 				continue
 			}
 			evs = append(evs, e)
@@ -286,6 +287,8 @@ func timelineOf(evs []sseEvent) []string {
 			out = append(out, fmt.Sprintf("status_change:%s/%s", strings.TrimPrefix(sc["to"].(string), "TASK_STATUS_"), sc["actor"]))
 		case "sandbox":
 			out = append(out, "sandbox:"+e.data["sandbox"].(map[string]any)["state"].(string))
+		case "failed":
+			out = append(out, fmt.Sprintf("failed(%v)", e.data["failed"].(map[string]any)["reason"]))
 		default:
 			out = append(out, e.name)
 		}
@@ -374,8 +377,16 @@ func TestEndToEnd(t *testing.T) {
 	// The console, while main is still the pristine demo repository.
 	runBrowserTests(t, s)
 
-	// Merging on the forge sends the signed webhook: the task is done.
+	// Follow-ups from GitHub: a reader's @mention runs nothing; a
+	// collaborator's "changes requested" review starts run 2 on the same
+	// branch and pull request, resuming the agent's session.
 	number := prURL[strings.LastIndex(prURL, "/")+1:]
+	evs = append(evs, checkFollowUpFromReview(t, s, id, number, stream, &prev)...)
+	// A follow-up over REST, on a Codex task of its own, which is then
+	// cancelled: its pull request is closed with a comment.
+	checkFollowUpOverREST(t, s)
+
+	// Merging on the forge sends the signed webhook: the task is done.
 	code, body = s.do(t, http.MethodPut, s.forgeURL+"/repos/demo/greet/pulls/"+number+"/merge", "token "+s.forgeToken, `{}`)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Eventually(t, func() bool {
@@ -395,6 +406,7 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, []string{"status_change:PROPOSING/user:dev", "status_change:RUNNING/user:dev", "sandbox:started"}, tl[:3], "%v", tl)
 	require.Equal(t, "status_change:DONE/github", tl[len(tl)-1], "the timeline ends at the merge: %v", tl)
 	require.Contains(t, strings.Join(tl, " "), "completed status_change:AWAITING_REVIEW/runner", "%v", tl)
+	require.Contains(t, strings.Join(tl, " "), "status_change:RUNNING/github:rita", "the review's run on the timeline: %v", tl)
 	require.Contains(t, tl, "sandbox:destroyed", "the sandbox goes when the runner finishes: %v", tl)
 	// Reconnecting after the end gets 204: EventSource stops, no loop.
 	_, code = s.follow(t, id, strconv.Itoa(prev))
@@ -550,4 +562,171 @@ func dropTestState(dbURL, redisPrefix string) {
 			rdb.Del(ctx, iter.Val())
 		}
 	}
+}
+
+// waitTask polls the task until ok holds and returns it.
+func (s *stack) waitTask(t *testing.T, id string, ok func(map[string]any) bool) map[string]any {
+	t.Helper()
+	var task map[string]any
+	require.Eventually(t, func() bool {
+		code, body := s.do(t, http.MethodGet, s.api+"/v1/tasks/"+id, "Bearer "+s.token, "")
+		if code != http.StatusOK {
+			return false
+		}
+		task = body["task"].(map[string]any)
+		return ok(task)
+	}, 4*time.Minute, 250*time.Millisecond, "task %s: %v", id, &task)
+	return task
+}
+
+func runsOf(task map[string]any) []map[string]any {
+	raw, _ := task["runs"].([]any)
+	out := make([]map[string]any, 0, len(raw))
+	for _, r := range raw {
+		out = append(out, r.(map[string]any))
+	}
+	return out
+}
+
+// checkFollowUpFromReview drives the forge as people would: a reader
+// mentions @taskrunner, a collaborator requests changes.
+func checkFollowUpFromReview(t *testing.T, s *stack, id, number string, stream <-chan sseEvent, prev *int) []sseEvent {
+	forgeToken := "token " + s.forgeToken
+	for user, perm := range map[string]string{"rita": "write", "rex": "read"} {
+		code, body := s.do(t, http.MethodPut, s.forgeURL+"/_forge/repos/demo/greet/collaborators/"+user, forgeToken, `{"permission":"`+perm+`"}`)
+		require.Equal(t, http.StatusNoContent, code, "%v", body)
+	}
+	headBefore := s.branchHead(t, id)
+
+	code, body := s.do(t, http.MethodPost, s.forgeURL+"/_forge/as/rex/repos/demo/greet/issues/"+number+"/comments", "",
+		`{"body":"@taskrunner please also add a --wave flag"}`)
+	require.Equal(t, http.StatusCreated, code, "%v", body)
+	code, body = s.do(t, http.MethodPost, s.forgeURL+"/_forge/as/rita/repos/demo/greet/pulls/"+number+"/reviews", "",
+		`{"event":"REQUEST_CHANGES","body":"Please also accept -f as a short form of --farewell, and cover it in test.sh."}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+
+	task := s.waitTask(t, id, func(tk map[string]any) bool {
+		return tk["status"] == "TASK_STATUS_AWAITING_REVIEW" && fmt.Sprint(tk["run"]) == "2"
+	})
+	runs := runsOf(task)
+	require.Len(t, runs, 2, "the reader's comment ran nothing; the review ran once: %v", runs)
+	require.Equal(t, "review", runs[1]["trigger"])
+	require.Equal(t, "github:rita", runs[1]["requested_by"])
+	require.Contains(t, runs[1]["prompt"], "short form of --farewell")
+	require.Equal(t, "finished", runs[1]["state"])
+
+	// The same stream (still open) showed run 2, and the same PR.
+	evs := until(t, stream, func(e sseEvent) bool {
+		return statusTo(e) == "TASK_STATUS_AWAITING_REVIEW" && fmt.Sprint(e.data["status_change"].(map[string]any)["run"]) == "2"
+	})
+	var stages []string
+	for _, e := range evs {
+		n, err := strconv.Atoi(e.id)
+		require.NoError(t, err)
+		require.Equal(t, *prev+1, n, "no gap or duplicate across runs")
+		*prev = n
+		switch e.name {
+		case "stage_change":
+			stages = append(stages, e.data["stage_change"].(map[string]any)["stage"].(string))
+		case "completed":
+			require.True(t, strings.HasSuffix(e.data["completed"].(map[string]any)["pr_url"].(string), "/pull/"+number), "the same pull request")
+		}
+	}
+	require.Equal(t, []string{"TASK_STAGE_PROPOSE", "TASK_STAGE_APPLY", "TASK_STAGE_ARCHIVE"}, stages, "a revision's stages")
+
+	// A new commit on the same branch, on top of run 1's, implementing the review.
+	head := s.branchHead(t, id)
+	require.NotEqual(t, headBefore, head)
+	require.Equal(t, headBefore, strings.TrimSpace(s.git(t, "rev-parse", head+"^")), "run 2's commit follows run 1's")
+	require.Contains(t, s.git(t, "show", head+":greet"), "-f | --farewell)")
+	// The pull request has the run's comment.
+	code, raw := s.doRaw(t, http.MethodGet, s.forgeURL+"/repos/demo/greet/issues/"+number+"/comments", forgeToken)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, raw, "taskrunner run 2")
+	return evs
+}
+
+// checkFollowUpOverREST runs a Codex task to its PR, asks for a follow-up
+// over REST (idempotent by Idempotency-Key), then cancels the task.
+func checkFollowUpOverREST(t *testing.T, s *stack) {
+	bearer := "Bearer " + s.token
+	code, body := s.do(t, http.MethodPost, s.api+"/v1/tasks", bearer, `{"repo":"demo/greet","prompt":"Add a --farewell flag to greet","agent":"AGENT_CODEX","dispatch":true}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	id := body["task"].(map[string]any)["id"].(string)
+	task := s.waitTask(t, id, func(tk map[string]any) bool { return tk["status"] != "TASK_STATUS_RUNNING" })
+	require.Equal(t, "TASK_STATUS_AWAITING_REVIEW", task["status"], "%v", task)
+	pr := task["pr_url"].(string)
+
+	// Refused with a clear 4xx without a prompt.
+	code, body = s.do(t, http.MethodPost, s.api+"/v1/tasks/"+id+":followup", bearer, `{"prompt":" "}`)
+	require.Equal(t, http.StatusBadRequest, code, "%v", body)
+	followUp := func() (int, map[string]any) {
+		req, _ := http.NewRequest(http.MethodPost, s.api+"/v1/tasks/"+id+":followup", strings.NewReader(`{"prompt":"Please also accept -f as a short form of --farewell."}`))
+		req.Header.Set("Authorization", bearer)
+		req.Header.Set("Idempotency-Key", "codex-followup-1")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var out map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		return resp.StatusCode, out
+	}
+	code, body = followUp()
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, true, body["created"])
+	require.Equal(t, float64(2), body["run"].(map[string]any)["number"])
+	code, body = followUp()
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.NotEqual(t, true, body["created"], "the same Idempotency-Key starts nothing twice")
+
+	task = s.waitTask(t, id, func(tk map[string]any) bool {
+		return fmt.Sprint(tk["run"]) == "2" && tk["status"] != "TASK_STATUS_RUNNING" && tk["status"] != "TASK_STATUS_QUEUED"
+	})
+	require.Equal(t, "TASK_STATUS_AWAITING_REVIEW", task["status"], "%v", task)
+	require.Equal(t, pr, task["pr_url"], "the same pull request")
+	require.Len(t, runsOf(task), 2)
+
+	// Cancel closes the pull request, with a comment naming who cancelled.
+	code, body = s.do(t, http.MethodPost, s.api+"/v1/tasks/"+id+":cancel", bearer, `{}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, "TASK_STATUS_CANCELLED", body["task"].(map[string]any)["status"])
+	number := pr[strings.LastIndex(pr, "/")+1:]
+	code, got := s.do(t, http.MethodGet, s.forgeURL+"/repos/demo/greet/pulls/"+number, "token "+s.forgeToken, "")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "closed", got["state"])
+	code, raw := s.doRaw(t, http.MethodGet, s.forgeURL+"/repos/demo/greet/issues/"+number+"/comments", "token "+s.forgeToken)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, raw, "cancelled by dev")
+}
+
+func (s *stack) doRaw(t *testing.T, method, url, auth string) (int, string) {
+	req, err := http.NewRequest(method, url, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", auth)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// git runs git against a fresh clone of demo/greet (made on first use).
+func (s *stack) git(t *testing.T, args ...string) string {
+	t.Helper()
+	if s.clone == "" {
+		s.clone = filepath.Join(t.TempDir(), "greet-follow")
+		out, err := exec.Command("git", "-c", "http.extraHeader=Authorization: token "+s.forgeToken, "clone", "-q", s.forgeURL+"/demo/greet.git", s.clone).CombinedOutput()
+		require.NoError(t, err, string(out))
+	}
+	cmd := exec.Command("git", append([]string{"-c", "http.extraHeader=Authorization: token " + s.forgeToken}, args...)...)
+	cmd.Dir = s.clone
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(out))
+	return string(out)
+}
+
+// branchHead is the commit the task's branch points at on the forge.
+func (s *stack) branchHead(t *testing.T, id string) string {
+	s.git(t, "fetch", "-q", "origin", "taskrunner/"+id)
+	return strings.TrimSpace(s.git(t, "rev-parse", "FETCH_HEAD"))
 }
