@@ -52,11 +52,15 @@ const (
 	setBudget     = `UPDATE tasks SET max_budget_usd = $2 WHERE id = $1`
 	selectBudgets = `SELECT id::text, coalesce(max_budget_usd, 0)::float8 FROM tasks WHERE id = ANY($1::uuid[])`
 	// ownerSpentToday is what an owner's tasks created since 00:00 UTC have
-	// spent and when that day ends, by the database's clock (the window
-	// Dispatch's quota check uses).
-	ownerSpentToday = `SELECT coalesce(sum(cost_usd), 0)::float8,
+	// spent on model calls, every run counted (tasks.cost_usd holds only the
+	// current run's cost: a run's cost is the last usage its runner or the
+	// model proxy recorded), and when that day ends, by the database's clock.
+	ownerSpentToday = `SELECT coalesce(sum(u.cost), 0)::float8,
 	(date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'
-FROM tasks WHERE owner = $1 AND created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')`
+FROM tasks t JOIN task_runs r ON r.task_id = t.id
+CROSS JOIN LATERAL (SELECT (e.payload->'usage'->>'cost_usd')::float8 AS cost FROM task_events e
+	WHERE e.task_id = r.task_id AND e.run = r.number AND e.type = 'usage' ORDER BY e.seq DESC LIMIT 1) u
+WHERE t.owner = $1 AND t.created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')`
 )
 
 // SetBudget records the budget set at create (USD, > 0).
@@ -105,9 +109,21 @@ func (s *Store) Budget(ctx context.Context, id string) (float64, error) {
 }
 
 // OwnerSpentToday is what the owner's tasks created since 00:00 UTC have
-// spent on model calls, and when that day ends.
+// spent on model calls (all their runs), and when that day ends.
 func (s *Store) OwnerSpentToday(ctx context.Context, owner string) (spent float64, resets time.Time, err error) {
-	err = s.pool.QueryRow(ctx, ownerSpentToday, owner).Scan(&spent, &resets)
+	return ownerSpent(ctx, s.pool, owner)
+}
+
+// OwnerSpentToday is Store.OwnerSpentToday inside an admission transaction
+// (Dispatch's owner quota: one definition of the day's spend).
+func (tx *Tx) OwnerSpentToday(ctx context.Context, owner string) (spent float64, resets time.Time, err error) {
+	return ownerSpent(ctx, tx, owner)
+}
+
+func ownerSpent(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, owner string) (spent float64, resets time.Time, err error) {
+	err = q.QueryRow(ctx, ownerSpentToday, owner).Scan(&spent, &resets)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = nil
 	}

@@ -101,17 +101,30 @@ func TestOwnerQuotaOnGetTask(t *testing.T) {
 	}
 	bobs, err := e.client.CreateTask(e.as("bob"), &taskrunnerv1.CreateTaskRequest{Repo: "acme/widgets", Prompt: "p"})
 	require.NoError(t, err)
-	// Spend as the model proxy records it: the tasks' cost.
-	for id, usd := range map[string]float64{ids[0]: 1.5, ids[1]: 0.25, bobs.GetTask().GetId(): 7} {
-		_, err := e.db.Pool.Exec(context.Background(), `UPDATE tasks SET cost_usd = $2 WHERE id = $1`, id, usd)
-		require.NoError(t, err)
+	// Spend as the model proxy records it on the timeline: a usage event with
+	// the run's totals (the row's cost_usd, which holds only the current
+	// run's, is not what counts). ids[0] has a second run (a follow-up).
+	store := task.NewStore(e.db.Pool)
+	spend := func(id string, usd float64) {
+		require.NoError(t, store.InTx(context.Background(), func(tx *task.Tx) error {
+			return tx.Append(context.Background(), id, &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Usage{Usage: &taskrunnerv1.Usage{CostUsd: usd}}})
+		}))
 	}
+	spend(ids[0], 0.5)
+	spend(ids[0], 1.0) // the run's total grows: the last usage of a run counts
+	_, err = e.db.Pool.Exec(context.Background(), `INSERT INTO task_runs (task_id, number, trigger, state) VALUES ($1, 2, 'api', 'running')`, ids[0])
+	require.NoError(t, err)
+	_, err = e.db.Pool.Exec(context.Background(), `UPDATE tasks SET run = 2 WHERE id = $1`, ids[0])
+	require.NoError(t, err)
+	spend(ids[0], 0.5)
+	spend(ids[1], 0.25)
+	spend(bobs.GetTask().GetId(), 7)
 	got, err := e.client.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: ids[0]})
 	require.NoError(t, err)
 	q := got.GetTask().GetOwnerQuota()
 	require.NotNil(t, q)
 	require.Equal(t, 10.0, q.GetDailyUsd())
-	require.InDelta(t, 1.75, q.GetSpentTodayUsd(), 1e-9, "alice's tasks only")
+	require.InDelta(t, 1.75, q.GetSpentTodayUsd(), 1e-9, "alice's tasks only, every run: 1.0 + 0.5 + 0.25")
 	reset := q.GetResetsTime().AsTime()
 	require.Equal(t, time.Now().UTC().Truncate(24*time.Hour).Add(24*time.Hour), reset, "the next 00:00 UTC")
 

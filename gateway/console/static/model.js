@@ -299,12 +299,18 @@ export function validateFollowUp(prompt) {
   return {};
 }
 
-/** "$0.1234 of $5.00" for a task's cost against its budget ("" without a budget). */
+/**
+ * "$0.1234 of $5.00 in run 2" for the budget, which the model proxy
+ * applies to each run (a follow-up starts afresh); "" without a budget.
+ */
 export function budgetText(task) {
   const b = task ? n(task.max_budget_usd) : 0;
   if (!(b > 0)) return "";
-  const spent = n(task.usage && task.usage.cost_usd);
-  return `$${spent.toFixed(spent < 1 ? 4 : 2)} of $${b.toFixed(2)} per task`;
+  const number = n(task.run) || 1;
+  const runs = Array.isArray(task.runs) ? task.runs : [];
+  const cur = runs.find((r) => n(r.number) === number);
+  const spent = n(cur ? cur.usage && cur.usage.cost_usd : task.usage && task.usage.cost_usd);
+  return `$${spent.toFixed(spent < 1 ? 4 : 2)} of $${b.toFixed(2)}${runs.length > 1 ? ` in run ${number}` : ""} (per run)`;
 }
 
 /** "$1.75 of $10.00 spent today · resets in 3 h" for the owner's daily quota ("" when none). */

@@ -67,7 +67,9 @@ assert.deepEqual(m.runRows({prompt:"p"}), []);
 assert.deepEqual(m.validateFollowUp("  "), {prompt:"prompt: is required: say what the follow-up should change"});
 assert.deepEqual(m.validateFollowUp("rename it"), {});
 assert.match(m.validateFollowUp("é".repeat(20000)).prompt, /^prompt: is 40000 bytes, more than the limit of 32768$/);
-assert.equal(m.budgetText({max_budget_usd:5, usage:{cost_usd:0.2932}}), "$0.2932 of $5.00 per task");
+assert.equal(m.budgetText({max_budget_usd:5, usage:{cost_usd:0.2932}}), "$0.2932 of $5.00 (per run)");
+assert.equal(m.budgetText({max_budget_usd:5, run:2, usage:{cost_usd:3.02}, runs:[{number:1, usage:{cost_usd:1.1}}, {number:2, usage:{cost_usd:1.92}}]}),
+  "$1.92 of $5.00 in run 2 (per run)");
 assert.equal(m.budgetText({usage:{}}), "");
 assert.equal(m.quotaText({daily_usd:10, spent_today_usd:1.75, resets_time:"2026-01-02T00:00:00Z"}, Date.parse("2026-01-01T20:30:00Z")),
   "$1.75 of $10.00 spent today · resets in 3 h 30 min");
