@@ -164,6 +164,12 @@ func (s *Server) IssueRepoToken(ctx context.Context, req *taskrunnerv1.IssueRepo
 		return nil, errs.PermissionDenied(fmt.Sprintf("task %s is %s: tokens are issued only to live tasks", t.ID, t.Status))
 	}
 	tok, exp, inst, cached, err := s.repoToken(ctx, t.Repo)
+	if errors.Is(err, errs.ErrPermissionDenied) {
+		// The certificate was fine; GitHub said no. Say so, with the repository, so that the
+		// runner does not blame its certificate (ReasonRepoInaccessible).
+		return nil, &errs.Error{Kind: errs.ErrPermissionDenied, Reason: ReasonRepoInaccessible,
+			Message: fmt.Sprintf("the GitHub App cannot access %s: install it on the repository (or check that the repository exists)", t.Repo)}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -177,6 +183,11 @@ func (s *Server) IssueRepoToken(ctx context.Context, req *taskrunnerv1.IssueRepo
 		GitBaseUrl: strings.TrimSuffix(s.cfg.GitURL, "/"),
 	}, nil
 }
+
+// ReasonRepoInaccessible is the ErrorInfo reason of IssueRepoToken's refusal when the task
+// certificate is accepted but the App cannot access the task's repository (the runner's
+// repotoken package names the cause from it).
+const ReasonRepoInaccessible = "REPO_INACCESSIBLE"
 
 // What RepoAccessResponse.missing names when access is refused.
 const (

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/go-github/v62/github"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -308,7 +309,15 @@ func TestAppNotInstalled(t *testing.T) {
 	tk := h.newTask("nobody/nothing", true)
 	_, err := h.issue(h.conn(tk.ID), tk.ID)
 	require.Equal(t, codes.PermissionDenied, status.Code(err))
-	require.Contains(t, status.Convert(err).Message(), "not installed")
+	require.Equal(t, "the GitHub App cannot access nobody/nothing: install it on the repository (or check that the repository exists)",
+		status.Convert(err).Message())
+	var reason string
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			reason = info.GetReason()
+		}
+	}
+	require.Equal(t, ReasonRepoInaccessible, reason, "the runner tells this from a refused certificate by the reason")
 }
 
 func TestPersonalTokenMode(t *testing.T) {
