@@ -173,11 +173,13 @@ func taskCmd(g *globals) *cobra.Command {
 
 	var repo, base, prompt, agent, requestID string
 	var dispatch bool
+	var budget float64
 	create := &cobra.Command{
 		Use:   "create --repo OWNER/NAME --prompt TEXT",
 		Short: "Create a task",
 		Example: `  taskctl task create --repo acme/widgets --prompt "Add a --farewell flag"
   taskctl task create --repo acme/widgets --base develop --agent codex --prompt "Fix the flaky test" --dispatch
+  taskctl task create --repo acme/widgets --prompt "Tidy the README" --max-budget-usd 0.50
   taskctl task create --repo acme/widgets --prompt "$(cat prompt.md)" --request-id farewell-1 --json   # {"task": {...}}, as POST /v1/tasks`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, ctx, done, err := g.client(cmd.Context())
@@ -194,7 +196,7 @@ func taskCmd(g *globals) *cobra.Command {
 			default:
 				return fmt.Errorf("--agent: unknown agent %q (want claude or codex)", agent)
 			}
-			resp, err := c.CreateTask(ctx, &taskrunnerv1.CreateTaskRequest{Repo: repo, BaseBranch: base, Prompt: prompt, Agent: a, RequestId: requestID, Dispatch: dispatch})
+			resp, err := c.CreateTask(ctx, &taskrunnerv1.CreateTaskRequest{Repo: repo, BaseBranch: base, Prompt: prompt, Agent: a, RequestId: requestID, Dispatch: dispatch, MaxBudgetUsd: budget})
 			if err != nil {
 				return err
 			}
@@ -207,6 +209,7 @@ func taskCmd(g *globals) *cobra.Command {
 	create.Flags().StringVar(&agent, "agent", "claude", "agent: claude or codex")
 	create.Flags().StringVar(&requestID, "request-id", "", "idempotency key")
 	create.Flags().BoolVar(&dispatch, "dispatch", false, "dispatch right away")
+	create.Flags().Float64Var(&budget, "max-budget-usd", 0, "most the task may spend on model calls (0: the server's maximum, which also bounds it)")
 
 	get := &cobra.Command{
 		Use: "get ID", Short: "Show a task", Args: cobra.ExactArgs(1),
@@ -319,7 +322,7 @@ func taskCmd(g *globals) *cobra.Command {
 			return g.printTask(resp, resp.GetTask())
 		},
 	}
-	cmd.AddCommand(create, get, list, cancel, retry, dispatchCmd, watchCmd(g))
+	cmd.AddCommand(create, get, list, cancel, retry, dispatchCmd, followupCmd(g), watchCmd(g))
 	return cmd
 }
 
@@ -388,11 +391,19 @@ func (g *globals) printTask(resp proto.Message, t *taskrunnerv1.Task) error {
 	if u := t.GetUsage(); u.GetCostUsd() > 0 {
 		row("cost", fmt.Sprintf("$%.4f (%d in / %d out tokens)", u.GetCostUsd(), u.GetTokensIn(), u.GetTokensOut()))
 	}
+	if b := t.GetMaxBudgetUsd(); b > 0 {
+		row("budget", fmt.Sprintf("$%.2f", b))
+	}
+	if q := t.GetOwnerQuota(); q != nil {
+		row("today", fmt.Sprintf("$%.2f of the owner's daily $%.2f (resets %s)", q.GetSpentTodayUsd(), q.GetDailyUsd(),
+			q.GetResetsTime().AsTime().Local().Format(time.DateTime)))
+	}
 	row("pr", t.GetPrUrl())
 	row("reason", t.GetFailedReason())
 	row("retry of", t.GetRetryOf())
 	row("trace", t.GetTraceId())
 	row("created", t.GetCreateTime().AsTime().Local().Format(time.DateTime))
+	printRuns(row, t)
 	return tw.Flush()
 }
 
