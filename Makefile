@@ -121,7 +121,7 @@ bench-sse: check-go
 # The fault suite (issue 19): real taskrunnerd against its own throwaway
 # PostgreSQL and Redis (never the shared ones), killing or stopping one
 # thing at a time while runners stream. Not part of `make test`: about
-# 1.5 minutes on 2 cores. Needs the PostgreSQL server binaries and redis-server.
+# 90-110 s on 2 cores. Needs the PostgreSQL server binaries and redis-server.
 .PHONY: test-faults
 test-faults: build
 	TASKRUNNER_FAULTS=1 TASKRUNNER_BIN_DIR=$(abspath $(BIN)) $(GO) test -count=1 -v -timeout 20m ./tools/faults/
