@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -313,6 +314,7 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, "TASK_STATUS_RUNNING", body["task"].(map[string]any)["status"])
 
+	keys := watchForModelKeys(t, id)
 	stream, code := s.follow(t, id, "")
 	require.Equal(t, http.StatusOK, code)
 	// The stream stays open through awaiting_review.
@@ -373,6 +375,23 @@ func TestEndToEnd(t *testing.T) {
 	code, body = s.do(t, http.MethodGet, s.api+"/v1/tasks/"+id, bearer, "")
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "TASK_STATUS_AWAITING_REVIEW", body["task"].(map[string]any)["status"])
+
+	// No model key ever entered the sandbox: the model proxy held it.
+	keys.check(t)
+	var scanned int
+	require.NoError(t, filepath.WalkDir(filepath.Join(s.dev, "sandboxes"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !d.Type().IsRegular() {
+			return nil // gone already, or not a file
+		}
+		b, err := os.ReadFile(path)
+		if err == nil {
+			scanned++
+			require.NotContains(t, string(b), modelKey, "the model key is in the sandbox's file %s", path)
+		}
+		return nil
+	}))
+	t.Logf("no model key in %d files of the sandbox tree", scanned)
+	require.NotRegexp(t, `(?m)^(\.claude|\.codex|\.agents)/`, files, "no agent tooling scaffolding in the PR")
 
 	// The console, while main is still the pristine demo repository.
 	runBrowserTests(t, s)
@@ -729,4 +748,106 @@ func (s *stack) git(t *testing.T, args ...string) string {
 func (s *stack) branchHead(t *testing.T, id string) string {
 	s.git(t, "fetch", "-q", "origin", "taskrunner/"+id)
 	return strings.TrimSpace(s.git(t, "rev-parse", "FETCH_HEAD"))
+}
+
+// modelKey is the model API key devstack gives taskrunnerd (the offline
+// demo's); only the control plane's model proxy may hold it.
+const modelKey = "offline-demo-key"
+
+// keyWatch scans every process's environment while a task runs.
+type keyWatch struct {
+	stop    chan struct{}
+	done    chan struct{}
+	mu      sync.Mutex
+	sandbox map[int]string // pids of the task's sandbox, with their command
+	leaks   []string
+}
+
+// watchForModelKeys records the task's sandbox processes (their
+// environment names the task, or they descend from such a process) and
+// those whose environment holds the model key.
+func watchForModelKeys(t *testing.T, taskID string) *keyWatch {
+	w := &keyWatch{stop: make(chan struct{}), done: make(chan struct{}), sandbox: map[int]string{}}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			w.scan(taskID)
+			select {
+			case <-w.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(w.halt)
+	return w
+}
+
+func (w *keyWatch) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+func (w *keyWatch) scan(taskID string) {
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", d.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		name := strings.ReplaceAll(string(cmd), "\x00", " ")
+		ppid := parentOf(pid)
+		w.mu.Lock()
+		_, parentIn := w.sandbox[ppid]
+		if strings.Contains(string(env), "TASKRUNNER_TASK_ID="+taskID) || parentIn {
+			w.sandbox[pid] = name
+		}
+		if _, in := w.sandbox[pid]; in && strings.Contains(string(env), modelKey) {
+			w.leaks = append(w.leaks, fmt.Sprintf("pid %d (%s)", pid, name))
+		}
+		w.mu.Unlock()
+	}
+}
+
+func parentOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ppid …: comm may hold spaces, so split after ")".
+	rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+	f := strings.Fields(rest)
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// check stops the watch and asserts that it saw the sandbox's runner and
+// agent and the key in none of the sandbox's processes.
+func (w *keyWatch) check(t *testing.T) {
+	t.Helper()
+	w.halt()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var names []string
+	for _, n := range w.sandbox {
+		names = append(names, n)
+	}
+	joined := strings.Join(names, "\n")
+	require.Contains(t, joined, "runner", "the watch saw the sandbox's runner")
+	require.Contains(t, joined, "claude", "the watch saw the agent CLI")
+	require.Empty(t, w.leaks, "the model key is in the sandbox's processes")
 }
