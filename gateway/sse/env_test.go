@@ -1,11 +1,9 @@
 package sse_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -24,6 +22,7 @@ import (
 
 	"github.com/taskrunner/taskrunner/gateway/sse"
 	"github.com/taskrunner/taskrunner/platform/eventwire"
+	"github.com/taskrunner/taskrunner/platform/testkit"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/events"
@@ -310,7 +309,7 @@ type msg struct {
 // client is an SSE connection read by the test.
 type client struct {
 	resp *http.Response
-	rd   *bufio.Reader
+	rd   *testkit.SSEReader
 }
 
 // request builds a GET for path with an optional token and Last-Event-ID.
@@ -340,7 +339,7 @@ func (e *env) open(t *testing.T, path, token string, hdr map[string]string) *cli
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
 	require.Equal(t, "no-cache", resp.Header.Get("Cache-Control"))
 	require.Equal(t, "no", resp.Header.Get("X-Accel-Buffering"))
-	c := &client{resp: resp, rd: bufio.NewReaderSize(resp.Body, 1<<20)}
+	c := newClient(resp)
 	first, err := c.next()
 	require.NoError(t, err)
 	require.NotEmpty(t, first.retry, "the stream starts with a retry hint")
@@ -367,14 +366,14 @@ func (e *env) status(t *testing.T, path, token string, hdr map[string]string) in
 // rest reads the raw stream to its end, without heartbeat comments.
 func (c *client) rest(t *testing.T) string {
 	t.Helper()
-	b, err := io.ReadAll(c.rd)
+	b, err := c.rd.Rest()
 	require.NoError(t, err)
 	return strings.ReplaceAll(string(b), ": ping\n\n", "")
 }
 
 // newClient reads resp as an SSE stream.
 func newClient(resp *http.Response) *client {
-	return &client{resp: resp, rd: bufio.NewReaderSize(resp.Body, 1<<20)}
+	return &client{resp: resp, rd: testkit.NewSSEReader(resp.Body)}
 }
 
 // taskStatus is the task's status in the database.
@@ -385,51 +384,19 @@ func (e *env) taskStatus(t *testing.T, id string) taskrunnerv1.TaskStatus {
 	return task.ToProto(tk).GetStatus()
 }
 
-// next reads one message or comment.
+// next reads one message or comment (platform/testkit's SSE reader).
 func (c *client) next() (msg, error) {
-	var m msg
-	seen := false
-	for {
-		line, err := c.rd.ReadString('\n')
-		if err != nil {
-			if errors.Is(err, io.EOF) && line == "" && !seen {
-				return m, io.EOF
-			}
-			return m, fmt.Errorf("truncated message %q: %w", line, err)
-		}
-		line = strings.TrimSuffix(line, "\n")
-		if line == "" {
-			if seen {
-				return m, nil
-			}
-			continue
-		}
-		seen = true
-		field, value, _ := strings.Cut(line, ":")
-		value = strings.TrimPrefix(value, " ")
-		switch field {
-		case "":
-			m.comment = value
-		case "id":
-			n, err := strconv.ParseInt(value, 10, 64)
-			if err != nil {
-				return m, err
-			}
-			m.id = n
-		case "event":
-			m.event = value
-		case "data":
-			if m.hasData {
-				m.data += "\n"
-			}
-			m.data += value
-			m.hasData = true
-		case "retry":
-			m.retry = value
-		default:
-			return m, fmt.Errorf("unexpected field %q", line)
+	m, err := c.rd.Next()
+	if err != nil {
+		return msg{}, err
+	}
+	out := msg{event: m.Event, data: m.Data, hasData: m.HasData, retry: m.Retry, comment: m.Comment}
+	if m.HasID {
+		if out.id, err = strconv.ParseInt(m.ID, 10, 64); err != nil {
+			return out, err
 		}
 	}
+	return out, nil
 }
 
 // events reads messages (skipping comments) until the server ends the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -14,8 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/taskrunner/taskrunner/platform/testkit"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/eventsclient"
 )
@@ -46,14 +45,12 @@ func (f *fakeServer) Connect(s connectStream) error {
 
 func start(t *testing.T, f *fakeServer, cfg eventsclient.Config) *eventsclient.Client {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
 	taskrunnerv1.RegisterEventsServiceServer(gs, f)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = gs.Serve(lis) }()
-	cfg.Addr, cfg.TaskID, cfg.Insecure = "passthrough:///bufnet", "task-1", true
+	bufnet := testkit.Serve(t, gs) // stopped after the client below is closed
+	cfg.Addr, cfg.TaskID, cfg.Insecure = testkit.Target, "task-1", true
 	cfg.MinBackoff, cfg.MaxBackoff = time.Millisecond, 10*time.Millisecond
-	cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) })}
+	cfg.DialOptions = []grpc.DialOption{bufnet.Dialer()}
 	c, err := eventsclient.New(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -63,8 +60,6 @@ func start(t *testing.T, f *fakeServer, cfg eventsclient.Config) *eventsclient.C
 		defer ccancel()
 		_ = c.Close(cctx)
 		cancel()
-		gs.Stop()
-		<-done
 	})
 	return c
 }

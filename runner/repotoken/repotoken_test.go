@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/taskrunner/taskrunner/platform/testkit"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/rpcretry"
 )
@@ -52,16 +52,9 @@ func (f *fakeService) IssueRepoToken(ctx context.Context, req *taskrunnerv1.Issu
 }
 
 func dial(t *testing.T, svc *fakeService) *grpc.ClientConn {
-	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
 	taskrunnerv1.RegisterGitHubTokenServiceServer(srv, svc)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := testkit.ServeConn(t, srv)
 	return conn
 }
 
@@ -149,16 +142,9 @@ func (f *flakyService) IssueRepoToken(context.Context, *taskrunnerv1.IssueRepoTo
 // fail the cloning task at the first Unavailable).
 func TestGRPCRetriesThroughARestart(t *testing.T) {
 	svc := &flakyService{codes: []codes.Code{codes.Unavailable, codes.Unavailable, codes.Internal, codes.ResourceExhausted, codes.DeadlineExceeded}}
-	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
 	taskrunnerv1.RegisterGitHubTokenServiceServer(srv, svc)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := testkit.ServeConn(t, srv)
 	g := NewGRPC(conn, "t1", "")
 	g.Retry = rpcretry.Policy{MinDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond}
 	tok, err := g.Token(context.Background())

@@ -3,20 +3,17 @@ package auth_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/taskrunner/taskrunner/platform/testkit"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/rpcserver"
@@ -55,13 +52,7 @@ func newEnv(t *testing.T) *env {
 	store := auth.NewStore(db.Pool, auth.WithClock(c.now))
 	srv := rpcserver.New(rpcserver.Options{Logger: slog.New(slog.DiscardHandler), Auth: store})
 	taskrunnerv1.RegisterTokenServiceServer(srv, auth.NewTokenServer(store))
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(); srv.Stop() })
+	conn := testkit.ServeConn(t, srv)
 	return &env{store: store, clock: c, client: taskrunnerv1.NewTokenServiceClient(conn)}
 }
 

@@ -3,17 +3,14 @@ package rpcserver_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/taskrunner/taskrunner/platform/testkit"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/rpcserver"
 )
@@ -45,12 +42,7 @@ func TestSubsetAndWithout(t *testing.T) {
 func TestReflectionIsOptIn(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		srv := rpcserver.New(rpcserver.Options{Logger: slog.New(slog.DiscardHandler), Reflection: on})
-		lis := bufconn.Listen(1 << 16)
-		go func() { _ = srv.Serve(lis) }()
-		conn, err := grpc.NewClient("passthrough:///bufnet",
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-			grpc.WithTransportCredentials(insecure.NewCredentials()))
-		require.NoError(t, err)
+		conn := testkit.ServeConn(t, srv)
 		rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
 		require.NoError(t, err)
 		require.NoError(t, rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
@@ -60,7 +52,5 @@ func TestReflectionIsOptIn(t *testing.T) {
 		} else {
 			require.Equal(t, codes.Unimplemented, status.Code(err), "%v", err)
 		}
-		_ = conn.Close()
-		srv.Stop()
 	}
 }

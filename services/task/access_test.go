@@ -3,7 +3,6 @@ package task_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -13,12 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/taskrunner/taskrunner/platform/testkit"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/dispatch"
@@ -89,13 +86,7 @@ func newAccessEnv(t *testing.T) *accessEnv {
 	tokens := auth.NewStore(db.Pool)
 	srv := rpcserver.New(rpcserver.Options{Logger: lg, Auth: tokens})
 	taskrunnerv1.RegisterTaskServiceServer(srv, tasks)
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(); srv.Stop() })
+	conn := testkit.ServeConn(t, srv)
 	e := &env{db: db, client: taskrunnerv1.NewTaskServiceClient(conn), tokens: map[string]string{}}
 	tok, _, err := tokens.Create(ctx, "alice", nil, "test")
 	require.NoError(t, err)

@@ -4,20 +4,17 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/taskrunner/taskrunner/platform/testkit"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/rpcserver"
@@ -42,13 +39,7 @@ func newEnv(t *testing.T) *env {
 	lg := slog.New(slog.DiscardHandler)
 	srv := rpcserver.New(rpcserver.Options{Logger: lg, Auth: tokens})
 	taskrunnerv1.RegisterTaskServiceServer(srv, task.New(task.NewStore(db.Pool), nil, lg))
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(); srv.Stop() })
+	conn := testkit.ServeConn(t, srv)
 	e := &env{db: db, client: taskrunnerv1.NewTaskServiceClient(conn), tokens: map[string]string{}}
 	for _, owner := range []string{"alice", "bob"} {
 		tok, _, err := tokens.Create(context.Background(), owner, nil, "test")

@@ -1,7 +1,6 @@
 package modelapi
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"io"
@@ -12,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/taskrunner/taskrunner/platform/testkit"
 )
 
 type sseEvent struct {
@@ -21,28 +22,18 @@ type sseEvent struct {
 
 func parseSSE(t *testing.T, r io.Reader) []sseEvent {
 	t.Helper()
-	var evs []sseEvent
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1<<16), 1<<22)
-	var cur sseEvent
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "event: "):
-			cur.Name = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "data: "):
-			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &cur.Data))
-		case line == "":
-			require.NotEmpty(t, cur.Name)
-			require.Equal(t, cur.Name, cur.Data["type"], "event name and data type agree")
-			evs = append(evs, cur)
-			cur = sseEvent{}
-		default:
-			t.Fatalf("unexpected SSE line %q", line)
-		}
+	msgs, err := testkit.NewSSEReader(r).Events()
+	require.NoError(t, err)
+	evs := make([]sseEvent, 0, len(msgs))
+	for _, m := range msgs {
+		require.NotEmpty(t, m.Event)
+		require.False(t, m.HasID || m.Retry != "", "unexpected SSE field in %+v", m)
+		var ev sseEvent
+		ev.Name = m.Event
+		require.NoError(t, json.Unmarshal([]byte(m.Data), &ev.Data))
+		require.Equal(t, ev.Name, ev.Data["type"], "event name and data type agree")
+		evs = append(evs, ev)
 	}
-	require.NoError(t, sc.Err())
-	require.Empty(t, cur.Name, "stream ends with a blank line")
 	return evs
 }
 
