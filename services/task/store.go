@@ -152,6 +152,9 @@ func decodeCursor(tok string) (*cursor, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &c)
 	}
+	if err == nil {
+		_, err = uuid.Parse(c.ID)
+	}
 	if err != nil || c.ID == "" {
 		return nil, errs.Invalid("page_token", "is not a token returned by ListTasks")
 	}

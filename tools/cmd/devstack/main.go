@@ -406,6 +406,15 @@ Follow it live:
 
   curl -N http://%[1]s/v1/tasks/<id>/events -H 'Authorization: Bearer %[3]s'
   TASKRUNNER_TOKEN=%[3]s .dev/bin/taskctl task watch <id>
+
+Once it awaits review, ask for a follow-up (run 2 revises the same pull request, resuming the agent's session):
+
+  curl -s -X POST http://%[1]s/v1/tasks/<id>:followup -H 'Authorization: Bearer %[3]s' -d '{"prompt":"Please also accept -f as a short form of --farewell."}'
+
+or review it on the forge as a collaborator (the signed webhook starts the follow-up):
+
+  curl -s -X PUT %[6]s/_forge/repos/demo/greet/collaborators/rita -d '{"permission":"write"}'
+  curl -s -X POST %[6]s/_forge/as/rita/repos/demo/greet/pulls/<number>/reviews -d '{"event":"REQUEST_CHANGES","body":"Please also accept -f as a short form of --farewell."}'
 %[7]s
 Press Ctrl-C to stop everything this command started.
 `, b.http, b.grpc, b.token, b.logs, b.model, b.forge, b.merge, b.jaeger)
