@@ -82,6 +82,15 @@ func TestBudgetAtCreate(t *testing.T) {
 	}
 	require.Equal(t, []float64{3, 3, 1.25}, budgets, "ListTasks shows each task's budget, newest first")
 
+	// A retry keeps the budget.
+	small := list.GetTasks()[2]
+	require.Equal(t, 1.25, small.GetMaxBudgetUsd())
+	_, err = e.client.CancelTask(ctx, &taskrunnerv1.CancelTaskRequest{Id: small.GetId()})
+	require.NoError(t, err)
+	retried, err := e.client.RetryTask(ctx, &taskrunnerv1.RetryTaskRequest{Id: small.GetId()})
+	require.NoError(t, err)
+	require.Equal(t, 1.25, retried.GetTask().GetMaxBudgetUsd())
+
 	_, err = task.NewStore(e.db.Pool).Budget(context.Background(), "00000000-0000-0000-0000-000000000000")
 	require.ErrorContains(t, err, "not found")
 	// The server's maximum bounds a stored budget too (when it was lowered after create).

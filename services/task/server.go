@@ -425,11 +425,25 @@ func (s *Server) RetryTask(ctx context.Context, req *taskrunnerv1.RetryTaskReque
 	ctx, span := tracer.Start(ctx, "task.create", trace.WithAttributes(attribute.String("taskrunner.repo", n.Repo),
 		attribute.String("taskrunner.retry_of", old.ID)))
 	defer span.End()
-	t, _, err := s.store.Create(ctx, n, telemetry.Traceparent(ctx))
+	t, created, err := s.store.Create(ctx, n, telemetry.Traceparent(ctx))
 	if err != nil {
 		return nil, err
 	}
 	span.SetAttributes(attribute.String("taskrunner.task_id", t.ID))
+	if created {
+		// The retry keeps the budget the old task was created with.
+		if b, err := s.store.Budget(ctx, old.ID); err != nil || b > 0 {
+			if err == nil {
+				err = s.store.SetBudget(ctx, t.ID, b)
+			}
+			if err != nil {
+				if _, derr := s.store.DeleteUnstarted(context.WithoutCancel(ctx), t.ID); derr != nil {
+					s.log.ErrorContext(ctx, "could not remove a retry whose budget was not recorded", "task_id", t.ID, "error", derr)
+				}
+				return nil, err
+			}
+		}
+	}
 	return &taskrunnerv1.RetryTaskResponse{Task: s.toProto(ctx, t)}, nil
 }
 
