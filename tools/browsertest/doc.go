@@ -12,5 +12,7 @@
 // Go tests call Run, which does the same with a context, and returns an
 // error that quotes the script's explanation when a scenario fails.
 // The scenarios and the artifacts (PNG screenshots and result.json in
-// OUT_DIR) are described at the top of console.mjs.
+// OUT_DIR) are described at the top of console.mjs. CrossOrigin serves the
+// cors scenario's page (cors.html) from two other origins, one for the
+// gateway's TASKRUNNER_CORS_ORIGINS and one it must refuse.
 package browsertest
