@@ -10,12 +10,18 @@ import (
 
 // DispatchService gRPC handlers (internal scope).
 
+// internalTaskCall is every task handler's gate: an internal-scope caller
+// and a well-formed task id.
+func internalTaskCall(ctx context.Context, taskID string) error {
+	if _, err := auth.RequireScope(ctx, auth.ScopeInternal); err != nil {
+		return err
+	}
+	return task.ValidateID("task_id", taskID)
+}
+
 // Dispatch implements DispatchService.Dispatch (internal scope).
 func (s *Server) Dispatch(ctx context.Context, req *taskrunnerv1.DispatchRequest) (*taskrunnerv1.DispatchResponse, error) {
-	if _, err := auth.RequireScope(ctx, auth.ScopeInternal); err != nil {
-		return nil, err
-	}
-	if err := task.ValidateID("task_id", req.GetTaskId()); err != nil {
+	if err := internalTaskCall(ctx, req.GetTaskId()); err != nil {
 		return nil, err
 	}
 	t, err := s.DispatchTask(ctx, req.GetTaskId())
@@ -31,10 +37,7 @@ func (s *Server) Dispatch(ctx context.Context, req *taskrunnerv1.DispatchRequest
 
 // Cancel implements DispatchService.Cancel (internal scope).
 func (s *Server) Cancel(ctx context.Context, req *taskrunnerv1.CancelRequest) (*taskrunnerv1.CancelResponse, error) {
-	if _, err := auth.RequireScope(ctx, auth.ScopeInternal); err != nil {
-		return nil, err
-	}
-	if err := task.ValidateID("task_id", req.GetTaskId()); err != nil {
+	if err := internalTaskCall(ctx, req.GetTaskId()); err != nil {
 		return nil, err
 	}
 	reason := req.GetReason()
@@ -50,10 +53,7 @@ func (s *Server) Cancel(ctx context.Context, req *taskrunnerv1.CancelRequest) (*
 
 // StartNextRun implements DispatchService.StartNextRun (internal scope).
 func (s *Server) StartNextRun(ctx context.Context, req *taskrunnerv1.StartNextRunRequest) (*taskrunnerv1.StartNextRunResponse, error) {
-	if _, err := auth.RequireScope(ctx, auth.ScopeInternal); err != nil {
-		return nil, err
-	}
-	if err := task.ValidateID("task_id", req.GetTaskId()); err != nil {
+	if err := internalTaskCall(ctx, req.GetTaskId()); err != nil {
 		return nil, err
 	}
 	t, err := s.StartFollowUp(ctx, req.GetTaskId())
