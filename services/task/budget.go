@@ -55,11 +55,17 @@ const (
 	// spent on model calls, every run counted (tasks.cost_usd holds only the
 	// current run's cost: a run's cost is the last usage its runner or the
 	// model proxy recorded), and when that day ends, by the database's clock.
-	ownerSpentToday = `SELECT coalesce(sum(u.cost), 0)::float8,
+	// Each run's cost is its last usage event (the model proxy's totals);
+	// the current run's may also be on the task row only (a runner that
+	// reports usage itself, without the proxy), so the larger counts.
+	ownerSpentToday = `SELECT coalesce(sum(
+	coalesce((SELECT sum(u.cost) FROM task_runs r CROSS JOIN LATERAL (SELECT (e.payload->'usage'->>'cost_usd')::float8 AS cost FROM task_events e
+		WHERE e.task_id = r.task_id AND e.run = r.number AND e.type = 'usage' ORDER BY e.seq DESC LIMIT 1) u
+	WHERE r.task_id = t.id AND r.number < t.run), 0)
+	+ greatest(t.cost_usd, coalesce((SELECT (e.payload->'usage'->>'cost_usd')::float8 FROM task_events e
+		WHERE e.task_id = t.id AND e.run = t.run AND e.type = 'usage' ORDER BY e.seq DESC LIMIT 1), 0))), 0)::float8,
 	(date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'
-FROM tasks t JOIN task_runs r ON r.task_id = t.id
-CROSS JOIN LATERAL (SELECT (e.payload->'usage'->>'cost_usd')::float8 AS cost FROM task_events e
-	WHERE e.task_id = r.task_id AND e.run = r.number AND e.type = 'usage' ORDER BY e.seq DESC LIMIT 1) u
+FROM tasks t
 WHERE t.owner = $1 AND t.created_at >= (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')`
 )
 
