@@ -282,6 +282,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request, rec *Request)
 	if stage.Usage != nil {
 		usage = *stage.Usage
 	}
+	rec.InputTokens, rec.OutputTokens = int64(usage.InputTokens), int64(usage.OutputTokens)
 	resp := map[string]any{
 		"id": id, "object": "response", "model": req.Model, "status": "completed",
 		"output": output, "usage": responsesUsage(usage),

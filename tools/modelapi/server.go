@@ -28,6 +28,8 @@ type Request struct {
 	// History is set on the first request of a stage with a `history` requirement: whether
 	// the earlier conversation it requires was in the request.
 	History HistoryCheck
+	// InputTokens and OutputTokens are the usage the answer reported (0 for no answer).
+	InputTokens, OutputTokens int64
 }
 
 // HistoryCheck is the outcome of a stage's `history` requirement.
@@ -39,6 +41,11 @@ const (
 	HistoryFound
 	HistoryMissing
 )
+
+// RequestsPath answers GET with every request received so far (JSON, in
+// order): tests compare the usage the answers reported with what the
+// control plane recorded.
+const RequestsPath = "/_modelapi/requests"
 
 // Server answers Anthropic Messages API and OpenAI Responses API requests from a Script. It is an
 // http.Handler and safe for concurrent use.
@@ -82,6 +89,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.Status = s.messages(w, r, &rec)
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/responses":
 		rec.Status = s.responses(w, r, &rec)
+	case r.Method == http.MethodGet && r.URL.Path == RequestsPath:
+		// Test-facing, like the forge's /_forge/: what was asked and answered.
+		rec.Status = writeJSON(w, http.StatusOK, s.Requests())
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/messages/count_tokens":
 		body, _ := io.ReadAll(r.Body)
 		rec.Status = writeJSON(w, http.StatusOK, map[string]any{"input_tokens": len(body)/4 + 1})
@@ -143,6 +153,7 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request, rec *Request) 
 	if stage.Usage != nil {
 		usage = *stage.Usage
 	}
+	rec.InputTokens, rec.OutputTokens = int64(usage.InputTokens), int64(usage.OutputTokens)
 	stop := stopReason(content)
 	msg := message{
 		ID:         fmt.Sprintf("msg_modelapi_%d", n),
