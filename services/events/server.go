@@ -196,126 +196,39 @@ func (s *Server) unregister(taskID string, c *runnerConn) {
 
 var errShuttingDown = status.Error(codes.Unavailable, "events server is shutting down; reconnect")
 
-// Connect implements the runner protocol (see events.proto and package doc).
+// Connect implements the runner protocol (see events.proto and package doc):
+// check the certificate, wait for the Hello, accept it, welcome the runner,
+// then relay acks and cancels until the stream ends.
 func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse]) error {
 	ctx := stream.Context()
-	certTask, err := pki.TaskIDFromContext(ctx, s.cfg.TrustDomain)
+	certTask, err := runnerIdentity(ctx, s.cfg.TrustDomain)
 	if err != nil {
-		if errors.Is(err, pki.ErrNoVerifiedCert) {
-			return status.Error(codes.Unauthenticated, "Connect needs a runner client certificate issued by the runner CA")
-		}
-		return status.Error(codes.PermissionDenied, "the client certificate is not a task identity of this trust domain")
-	}
-
-	// One goroutine reads: it hands the first message (the Hello) over and,
-	// once this one has accepted it, turns every later message straight into
-	// committer work, one hand-off per event. This goroutine decides, and is
-	// the stream's only sender (Welcome, Acks, Cancel).
-	first := make(chan *taskrunnerv1.ConnectRequest, 1)
-	accepted := make(chan struct{}) // closed once the Hello is accepted
-	recvErr := make(chan error, 1)
-	done := make(chan struct{})
-	defer close(done)
-	var (
-		taskID    string // set before accepted is closed
-		results   = newSink()
-		submitted atomic.Int64 // highest seq handed to the committer
-	)
-	go func() {
-		m, err := stream.Recv()
-		if err != nil {
-			recvErr <- err
-			return
-		}
-		first <- m
-		select {
-		case <-accepted:
-		case <-done:
-			return
-		}
-		in := s.committerFor(taskID).in
-		ended := false // the runner sent its terminal event on this stream
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				recvErr <- err // io.EOF only after every submission is queued
-				return
-			}
-			sub, err := s.submission(taskID, m, results)
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			// Until its terminal event the runner is still working: the
-			// Hello checked that none is stored, this tracks the stream.
-			sub.late, ended = !ended, ended || sub.ev != nil && eventwire.RunnerTerminal(sub.ev)
-			select {
-			case in <- sub:
-			case <-done:
-				return
-			case <-s.ctx.Done():
-				recvErr <- errShuttingDown
-				return
-			}
-			if sub.ev != nil && sub.ev.GetSeq() > submitted.Load() {
-				submitted.Store(sub.ev.GetSeq())
-			}
-		}
-	}()
-
-	var hello *taskrunnerv1.Hello
-	helloTimer := time.NewTimer(s.cfg.HelloTimeout)
-	select {
-	case m := <-first:
-		helloTimer.Stop()
-		if hello = m.GetHello(); hello == nil {
-			return status.Error(codes.InvalidArgument, "the first message on Connect must be Hello")
-		}
-	case err := <-recvErr:
-		helloTimer.Stop()
 		return err
-	case <-helloTimer.C:
-		return status.Error(codes.DeadlineExceeded, "no Hello received in time")
-	case <-s.ctx.Done():
-		return errShuttingDown
 	}
-	taskID = hello.GetTaskId()
-	if taskID != certTask {
-		return status.Errorf(codes.PermissionDenied, "the client certificate is for task %s, but Hello names task %q", certTask, taskID)
+
+	// One goroutine reads (readRunner); this goroutine decides, and is the
+	// stream's only sender (Welcome, Acks, Cancel).
+	rs := &runnerStream{
+		stream:   stream,
+		first:    make(chan *taskrunnerv1.ConnectRequest, 1),
+		accepted: make(chan struct{}),
+		recvErr:  make(chan error, 1),
+		done:     make(chan struct{}),
+		results:  newSink(),
 	}
-	if v := hello.GetProtocolVersion(); v != taskrunnerv1.ProtocolVersion_PROTOCOL_VERSION_1 {
-		return status.Errorf(codes.FailedPrecondition, "runner protocol version %d not supported, server speaks %d: update the runner image", int32(v), ProtocolVersion)
-	}
-	if _, err := uuid.Parse(taskID); err != nil {
-		return status.Errorf(codes.FailedPrecondition, "task %q does not exist", taskID)
-	}
-	tk, err := s.tasks.Get(ctx, taskID, "")
-	if errors.Is(err, errs.ErrNotFound) {
-		return status.Errorf(codes.FailedPrecondition, "task %s does not exist", taskID)
-	}
+	defer close(rs.done)
+	go s.readRunner(rs)
+
+	hello, err := s.awaitHello(rs)
 	if err != nil {
-		return storeUnavailable(err)
+		return err
 	}
-	last, err := s.tasks.LastRunnerSeq(ctx, taskID)
+	last, err := s.acceptHello(ctx, certTask, hello)
 	if err != nil {
-		return storeUnavailable(err)
+		return err
 	}
-	if tk.Status.Terminal() {
-		// A late runner of a task the control plane failed may still
-		// deliver its events and the pull request it salvaged
-		// (task.AcceptsLateRunner), unless it already sent its own
-		// terminal event.
-		ended, err := s.store.RunnerEnded(ctx, taskID)
-		if err != nil {
-			return storeUnavailable(err)
-		}
-		if ended || !task.AcceptsLateRunner(tk) {
-			return finished(taskID, string(tk.Status), last)
-		}
-	}
-	if run := max(hello.GetRun(), 1); run != max(tk.Run, 1) {
-		return status.Errorf(codes.FailedPrecondition, "task %s is on run %d: the runner of run %d is done", taskID, tk.Run, run)
-	}
+	taskID := hello.GetTaskId()
+	rs.taskID = taskID // before accepted is closed
 
 	conn := s.register(taskID)
 	defer s.unregister(taskID, conn)
@@ -326,24 +239,164 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 	}
 	s.log.InfoContext(ctx, "runner connected", "task_id", taskID, "runner_version", hello.GetRunnerVersion(), "last_persisted_seq", last)
 
-	close(accepted)
+	close(rs.accepted)
+	return s.relay(ctx, rs, conn)
+}
 
+// runnerStream is what Connect and its reader goroutine share.
+type runnerStream struct {
+	stream    grpc.BidiStreamingServer[taskrunnerv1.ConnectRequest, taskrunnerv1.ConnectResponse]
+	first     chan *taskrunnerv1.ConnectRequest // the first message (the Hello)
+	accepted  chan struct{}                     // closed once the Hello is accepted
+	recvErr   chan error
+	done      chan struct{} // closed when Connect returns
+	taskID    string        // set before accepted is closed
+	results   *sink
+	submitted atomic.Int64 // highest seq handed to the committer
+}
+
+// runnerIdentity is the task of the runner's client certificate.
+func runnerIdentity(ctx context.Context, trustDomain string) (string, error) {
+	certTask, err := pki.TaskIDFromContext(ctx, trustDomain)
+	if err != nil {
+		if errors.Is(err, pki.ErrNoVerifiedCert) {
+			return "", status.Error(codes.Unauthenticated, "Connect needs a runner client certificate issued by the runner CA")
+		}
+		return "", status.Error(codes.PermissionDenied, "the client certificate is not a task identity of this trust domain")
+	}
+	return certTask, nil
+}
+
+// readRunner is the stream's one reader: it hands the first message (the
+// Hello) over and, once Connect has accepted it, turns every later message
+// straight into committer work, one hand-off per event.
+func (s *Server) readRunner(rs *runnerStream) {
+	m, err := rs.stream.Recv()
+	if err != nil {
+		rs.recvErr <- err
+		return
+	}
+	rs.first <- m
+	select {
+	case <-rs.accepted:
+	case <-rs.done:
+		return
+	}
+	in := s.committerFor(rs.taskID).in
+	ended := false // the runner sent its terminal event on this stream
+	for {
+		m, err := rs.stream.Recv()
+		if err != nil {
+			rs.recvErr <- err // io.EOF only after every submission is queued
+			return
+		}
+		sub, err := s.submission(rs.taskID, m, rs.results)
+		if err != nil {
+			rs.recvErr <- err
+			return
+		}
+		// Until its terminal event the runner is still working: the
+		// Hello checked that none is stored, this tracks the stream.
+		sub.late, ended = !ended, ended || sub.ev != nil && eventwire.RunnerTerminal(sub.ev)
+		select {
+		case in <- sub:
+		case <-rs.done:
+			return
+		case <-s.ctx.Done():
+			rs.recvErr <- errShuttingDown
+			return
+		}
+		if sub.ev != nil && sub.ev.GetSeq() > rs.submitted.Load() {
+			rs.submitted.Store(sub.ev.GetSeq())
+		}
+	}
+}
+
+// awaitHello waits (at most HelloTimeout) for the first message, which must
+// be a Hello.
+func (s *Server) awaitHello(rs *runnerStream) (*taskrunnerv1.Hello, error) {
+	helloTimer := time.NewTimer(s.cfg.HelloTimeout)
+	defer helloTimer.Stop()
+	select {
+	case m := <-rs.first:
+		hello := m.GetHello()
+		if hello == nil {
+			return nil, status.Error(codes.InvalidArgument, "the first message on Connect must be Hello")
+		}
+		return hello, nil
+	case err := <-rs.recvErr:
+		return nil, err
+	case <-helloTimer.C:
+		return nil, status.Error(codes.DeadlineExceeded, "no Hello received in time")
+	case <-s.ctx.Done():
+		return nil, errShuttingDown
+	}
+}
+
+// acceptHello checks a Hello against the certificate, the protocol version
+// and the task (live, or finished but still owed a late runner's events; of
+// this run) and answers the last runner seq stored for the task.
+func (s *Server) acceptHello(ctx context.Context, certTask string, hello *taskrunnerv1.Hello) (int64, error) {
+	taskID := hello.GetTaskId()
+	if taskID != certTask {
+		return 0, status.Errorf(codes.PermissionDenied, "the client certificate is for task %s, but Hello names task %q", certTask, taskID)
+	}
+	if v := hello.GetProtocolVersion(); v != taskrunnerv1.ProtocolVersion_PROTOCOL_VERSION_1 {
+		return 0, status.Errorf(codes.FailedPrecondition, "runner protocol version %d not supported, server speaks %d: update the runner image", int32(v), ProtocolVersion)
+	}
+	if _, err := uuid.Parse(taskID); err != nil {
+		return 0, status.Errorf(codes.FailedPrecondition, "task %q does not exist", taskID)
+	}
+	tk, err := s.tasks.Get(ctx, taskID, "")
+	if errors.Is(err, errs.ErrNotFound) {
+		return 0, status.Errorf(codes.FailedPrecondition, "task %s does not exist", taskID)
+	}
+	if err != nil {
+		return 0, storeUnavailable(err)
+	}
+	last, err := s.tasks.LastRunnerSeq(ctx, taskID)
+	if err != nil {
+		return 0, storeUnavailable(err)
+	}
+	if tk.Status.Terminal() {
+		// A late runner of a task the control plane failed may still
+		// deliver its events and the pull request it salvaged
+		// (task.AcceptsLateRunner), unless it already sent its own
+		// terminal event.
+		ended, err := s.store.RunnerEnded(ctx, taskID)
+		if err != nil {
+			return 0, storeUnavailable(err)
+		}
+		if ended || !task.AcceptsLateRunner(tk) {
+			return 0, finished(taskID, string(tk.Status), last)
+		}
+	}
+	if run := max(hello.GetRun(), 1); run != max(tk.Run, 1) {
+		return 0, status.Errorf(codes.FailedPrecondition, "task %s is on run %d: the runner of run %d is done", taskID, tk.Run, run)
+	}
+	return last, nil
+}
+
+// relay sends the committer's acks and any Cancel for the task until the
+// runner closes its side (then every submitted event is acked first), the
+// committer refuses an event, or the stream or the server ends.
+func (s *Server) relay(ctx context.Context, rs *runnerStream, conn *runnerConn) error {
 	var sentAck int64
 	eof := false
 	for {
-		if eof && sentAck >= submitted.Load() {
+		if eof && sentAck >= rs.submitted.Load() {
 			return nil
 		}
 		select {
-		case err := <-recvErr:
+		case err := <-rs.recvErr:
 			if !errors.Is(err, io.EOF) {
 				return err
 			}
 			eof = true // the runner is done sending: flush the acks, then end
-		case <-results.notify:
-			ack, refused := results.state()
+		case <-rs.results.notify:
+			ack, refused := rs.results.state()
 			if ack > sentAck {
-				if err := stream.Send(&taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Ack{Ack: &taskrunnerv1.Ack{Seq: ack}}}); err != nil {
+				if err := rs.stream.Send(&taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Ack{Ack: &taskrunnerv1.Ack{Seq: ack}}}); err != nil {
 					return err
 				}
 				sentAck = ack
@@ -352,7 +405,7 @@ func (s *Server) Connect(stream grpc.BidiStreamingServer[taskrunnerv1.ConnectReq
 				return refused
 			}
 		case reason := <-conn.cancel:
-			if err := stream.Send(&taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Cancel{Cancel: &taskrunnerv1.Cancel{Reason: reason}}}); err != nil {
+			if err := rs.stream.Send(&taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Cancel{Cancel: &taskrunnerv1.Cancel{Reason: reason}}}); err != nil {
 				return err
 			}
 		case <-ctx.Done():
