@@ -120,6 +120,19 @@ func (s *stack) stop() {
 	}
 }
 
+// upConfig is where `up` puts things: its flags and the stack's addresses.
+type upConfig struct {
+	dir, binDir, root, logDir                                       string
+	httpAddr, grpcAddr, runnerAddr, forgeAddr, modelAddr, codexAddr string
+}
+
+func (c upConfig) bin(n string) string { p, _ := filepath.Abs(filepath.Join(c.binDir, n)); return p }
+
+func abs(p string) string { a, _ := filepath.Abs(p); return a }
+
+// up starts the whole stack in dependency order — PostgreSQL and Redis,
+// Jaeger, the model API stand-ins, the forge, taskrunnerd, the gateway —
+// prints the banner and waits for a signal or for a process to exit.
 func up(ctx context.Context, args []string, logger *slog.Logger) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	dir := fs.String("dev-dir", ".dev", "state directory")
@@ -127,25 +140,25 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	httpAddr := envOr("TASKRUNNER_HTTP_ADDR", "127.0.0.1:8080")
-	grpcAddr := envOr("TASKRUNNER_GRPC_ADDR", "127.0.0.1:7070")
-	runnerAddr := envOr("TASKRUNNER_RUNNER_GRPC_ADDR", "127.0.0.1:7443")
-	forgeAddr := envOr("DEVSTACK_FORGE_ADDR", "127.0.0.1:3080")
-	modelAddr := envOr("DEVSTACK_MODELAPI_ADDR", "127.0.0.1:8089")
-	codexAddr := envOr("DEVSTACK_CODEX_MODELAPI_ADDR", "127.0.0.1:8090")
-	logDir := filepath.Join(*dir, "logs")
-	o := devstack.Options{Dir: *dir, AllowInstall: true, Logger: logger}
+	root, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	c := upConfig{
+		dir: *dir, binDir: *binDir, root: root, logDir: filepath.Join(*dir, "logs"),
+		httpAddr:   envOr("TASKRUNNER_HTTP_ADDR", "127.0.0.1:8080"),
+		grpcAddr:   envOr("TASKRUNNER_GRPC_ADDR", "127.0.0.1:7070"),
+		runnerAddr: envOr("TASKRUNNER_RUNNER_GRPC_ADDR", "127.0.0.1:7443"),
+		forgeAddr:  envOr("DEVSTACK_FORGE_ADDR", "127.0.0.1:3080"),
+		modelAddr:  envOr("DEVSTACK_MODELAPI_ADDR", "127.0.0.1:8089"),
+		codexAddr:  envOr("DEVSTACK_CODEX_MODELAPI_ADDR", "127.0.0.1:8090"),
+	}
 	s := &stack{logger: logger}
 	defer s.stop()
-	for name, addr := range map[string]string{"TASKRUNNER_HTTP_ADDR": httpAddr, "TASKRUNNER_GRPC_ADDR": grpcAddr,
-		"TASKRUNNER_RUNNER_GRPC_ADDR": runnerAddr, "DEVSTACK_FORGE_ADDR": forgeAddr, "DEVSTACK_MODELAPI_ADDR": modelAddr, "DEVSTACK_CODEX_MODELAPI_ADDR": codexAddr} {
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("%s: %s is in use (is another `make run` still running?): %w", name, addr, err)
-		}
-		l.Close()
+	if err := c.checkPortsFree(); err != nil {
+		return err
 	}
-
+	o := devstack.Options{Dir: c.dir, AllowInstall: true, Logger: logger}
 	pg, err := devstack.EnsurePostgres(ctx, envOr("TASKRUNNER_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/taskrunner?sslmode=disable"), o)
 	if err != nil {
 		return err
@@ -156,151 +169,197 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		return err
 	}
 	s.deps = append(s.deps, rd)
-	root, err := os.Getwd()
+	secrets, err := loadSecrets(filepath.Join(c.dir, "secrets.env"))
 	if err != nil {
 		return err
 	}
-	bin := func(n string) string { p, _ := filepath.Abs(filepath.Join(*binDir, n)); return p }
-	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
+	env, err := c.baseEnv(pg.URL, rd.URL, secrets)
+	if err != nil {
+		return err
+	}
+	b := banner{http: c.httpAddr, grpc: c.grpcAddr, logs: c.logDir}
+	if b.jaeger, env, err = s.startJaeger(ctx, c, env); err != nil {
+		return err
+	}
+	if b.model, env, err = s.startModelAPIs(ctx, c, env); err != nil {
+		return err
+	}
+	if b.forge, b.merge, env, err = s.startForge(ctx, c, env, secrets); err != nil {
+		return err
+	}
+	if err := s.startDaemon(ctx, c, env, pg.URL); err != nil {
+		return err
+	}
+	if b.token, err = devToken(ctx, pg.URL, filepath.Join(c.dir, "token")); err != nil {
+		return err
+	}
+	printBanner(b)
+	return s.wait(ctx)
+}
 
-	// Development PKI: the runner CA and the runner port's certificate.
-	paths, err := pki.InitDev(filepath.Join(*dir, "pki"), envOr("TASKRUNNER_TRUST_DOMAIN", "taskrunner.local"), nil)
-	if err != nil {
-		return fmt.Errorf("pki: %w", err)
+// checkPortsFree fails early, naming the setting, when an address of the
+// stack is taken.
+func (c upConfig) checkPortsFree() error {
+	for name, addr := range map[string]string{"TASKRUNNER_HTTP_ADDR": c.httpAddr, "TASKRUNNER_GRPC_ADDR": c.grpcAddr,
+		"TASKRUNNER_RUNNER_GRPC_ADDR": c.runnerAddr, "DEVSTACK_FORGE_ADDR": c.forgeAddr, "DEVSTACK_MODELAPI_ADDR": c.modelAddr, "DEVSTACK_CODEX_MODELAPI_ADDR": c.codexAddr} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s: %s is in use (is another `make run` still running?): %w", name, addr, err)
+		}
+		l.Close()
 	}
-	secrets, err := loadSecrets(filepath.Join(*dir, "secrets.env"))
+	return nil
+}
+
+// baseEnv creates the development PKI (the runner CA and the runner port's
+// certificate) and answers the environment every process of the stack gets.
+func (c upConfig) baseEnv(dbURL, redisURL string, secrets map[string]string) ([]string, error) {
+	paths, err := pki.InitDev(filepath.Join(c.dir, "pki"), envOr("TASKRUNNER_TRUST_DOMAIN", "taskrunner.local"), nil)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("pki: %w", err)
 	}
-	env := []string{
-		"TASKRUNNER_DATABASE_URL=" + pg.URL,
-		"TASKRUNNER_REDIS_URL=" + rd.URL,
-		"TASKRUNNER_GRPC_ADDR=" + grpcAddr,
-		"TASKRUNNER_RUNNER_GRPC_ADDR=" + runnerAddr,
-		"TASKRUNNER_HTTP_ADDR=" + httpAddr,
-		"TASKRUNNER_TASK_ADDR=" + grpcAddr,
-		"TASKRUNNER_EVENTS_ADDR=" + grpcAddr,
+	return []string{
+		"TASKRUNNER_DATABASE_URL=" + dbURL,
+		"TASKRUNNER_REDIS_URL=" + redisURL,
+		"TASKRUNNER_GRPC_ADDR=" + c.grpcAddr,
+		"TASKRUNNER_RUNNER_GRPC_ADDR=" + c.runnerAddr,
+		"TASKRUNNER_HTTP_ADDR=" + c.httpAddr,
+		"TASKRUNNER_TASK_ADDR=" + c.grpcAddr,
+		"TASKRUNNER_EVENTS_ADDR=" + c.grpcAddr,
 		"TASKRUNNER_TLS_CERT_FILE=" + abs(paths.ServerCert),
 		"TASKRUNNER_TLS_KEY_FILE=" + abs(paths.ServerKey),
 		"TASKRUNNER_RUNNER_CA_FILE=" + abs(paths.CACert),
 		"TASKRUNNER_RUNNER_CA_KEY_FILE=" + abs(paths.CAKey),
-		"TASKRUNNER_RUNNER_EVENTS_ADDR=" + runnerAddr,
+		"TASKRUNNER_RUNNER_EVENTS_ADDR=" + c.runnerAddr,
 		// Every model call of a sandbox goes through the control plane's model proxy.
 		"TASKRUNNER_MODEL_PROXY_ADDR=" + envOr("TASKRUNNER_MODEL_PROXY_ADDR", "127.0.0.1:7444"),
 		"TASKRUNNER_RUNNER_SERVER_NAME=localhost",
-		"TASKRUNNER_PROCESS_RUNNER_BIN=" + bin("runner"),
-		"TASKRUNNER_PROCESS_WORK_ROOT=" + abs(filepath.Join(*dir, "sandboxes")),
+		"TASKRUNNER_PROCESS_RUNNER_BIN=" + c.bin("runner"),
+		"TASKRUNNER_PROCESS_WORK_ROOT=" + abs(filepath.Join(c.dir, "sandboxes")),
 		"TASKRUNNER_GITHUB_WEBHOOK_SECRET=" + secrets["webhook"],
 		// A developer reruns the demo many times a day; production keeps 20.
 		"TASKRUNNER_DISPATCH_PER_OWNER_PER_DAY=" + envOr("TASKRUNNER_DISPATCH_PER_OWNER_PER_DAY", "500"),
 		// The agent CLIs come from the pinned npm packages.
-		"PATH=" + filepath.Join(root, "node_modules", ".bin") + string(os.PathListSeparator) + os.Getenv("PATH"),
-	}
+		"PATH=" + filepath.Join(c.root, "node_modules", ".bin") + string(os.PathListSeparator) + os.Getenv("PATH"),
+	}, nil
+}
 
-	// Jaeger with in-memory storage, unless the caller exports traces
-	// elsewhere already (OTEL_EXPORTER_OTLP_ENDPOINT) or it was not built.
-	jaegerInfo := "not running (build it with `make jaeger`, or set OTEL_EXPORTER_OTLP_ENDPOINT)"
+// startJaeger starts Jaeger with in-memory storage, unless the caller
+// exports traces elsewhere already (OTEL_EXPORTER_OTLP_ENDPOINT) or it was
+// not built. It answers the banner's line and env with the OTLP settings.
+func (s *stack) startJaeger(ctx context.Context, c upConfig, env []string) (string, []string, error) {
 	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" {
-		jaegerInfo = "exporting to " + os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
-	} else if _, err := os.Stat(bin("jaeger")); err == nil {
-		uiPort, otlpPort, grpcPort, queryPort := envOr("JAEGER_UI_PORT", "16686"), envOr("JAEGER_OTLP_HTTP_PORT", "4318"),
-			envOr("JAEGER_OTLP_GRPC_PORT", "4317"), envOr("JAEGER_QUERY_GRPC_PORT", "16685")
-		jg, err := devstack.Start("jaeger", logDir, bin("jaeger"), []string{"--config", filepath.Join(root, "tools", "jaeger", "config.yaml")},
-			[]string{"OTEL_TRACES_EXPORTER=none", "OTEL_SDK_DISABLED=true", "JAEGER_UI_PORT=" + uiPort, "JAEGER_OTLP_HTTP_PORT=" + otlpPort, "JAEGER_OTLP_GRPC_PORT=" + grpcPort, "JAEGER_QUERY_GRPC_PORT=" + queryPort})
-		if err != nil {
-			return err
-		}
-		s.procs = append(s.procs, jg)
-		if err := jg.WaitReady(ctx, 30*time.Second, tcpReady("127.0.0.1:"+otlpPort)); err != nil {
-			return err
-		}
-		jaegerInfo = "http://127.0.0.1:" + uiPort
-		env = append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:"+otlpPort, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
-			"TASKRUNNER_CONSOLE_JAEGER_URL=http://127.0.0.1:"+uiPort)
+		return "exporting to " + os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), env, nil
 	}
+	if _, err := os.Stat(c.bin("jaeger")); err != nil {
+		return "not running (build it with `make jaeger`, or set OTEL_EXPORTER_OTLP_ENDPOINT)", env, nil
+	}
+	uiPort, otlpPort, grpcPort, queryPort := envOr("JAEGER_UI_PORT", "16686"), envOr("JAEGER_OTLP_HTTP_PORT", "4318"),
+		envOr("JAEGER_OTLP_GRPC_PORT", "4317"), envOr("JAEGER_QUERY_GRPC_PORT", "16685")
+	jg, err := devstack.Start("jaeger", c.logDir, c.bin("jaeger"), []string{"--config", filepath.Join(c.root, "tools", "jaeger", "config.yaml")},
+		[]string{"OTEL_TRACES_EXPORTER=none", "OTEL_SDK_DISABLED=true", "JAEGER_UI_PORT=" + uiPort, "JAEGER_OTLP_HTTP_PORT=" + otlpPort, "JAEGER_OTLP_GRPC_PORT=" + grpcPort, "JAEGER_QUERY_GRPC_PORT=" + queryPort})
+	if err != nil {
+		return "", nil, err
+	}
+	s.procs = append(s.procs, jg)
+	if err := jg.WaitReady(ctx, 30*time.Second, tcpReady("127.0.0.1:"+otlpPort)); err != nil {
+		return "", nil, err
+	}
+	env = append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:"+otlpPort, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+		"TASKRUNNER_CONSOLE_JAEGER_URL=http://127.0.0.1:"+uiPort)
+	return "http://127.0.0.1:" + uiPort, env, nil
+}
 
-	// The model API: the real one when ANTHROPIC_API_KEY is set, otherwise
-	// the scripted stand-in with the demo script.
+// startModelAPIs starts the scripted model API stand-ins (Anthropic
+// Messages with the Claude demo script, OpenAI Responses with the Codex
+// one) unless ANTHROPIC_API_KEY / OPENAI_API_KEY select the real ones. The
+// model proxy forwards to them; sandboxes never see their address or key.
+func (s *stack) startModelAPIs(ctx context.Context, c upConfig, env []string) (string, []string, error) {
 	modelURL := "the real Anthropic API (ANTHROPIC_API_KEY is set)"
 	if os.Getenv("ANTHROPIC_API_KEY") == "" {
-		ma, err := devstack.Start("modelapi", logDir, bin("modelapi"), []string{"--addr", modelAddr, "--script", filepath.Join(root, "tools", "demo", "claude-demo.yaml")}, nil)
-		if err != nil {
-			return err
+		if err := s.startModelAPI(ctx, c, "modelapi", c.modelAddr, "claude-demo.yaml"); err != nil {
+			return "", nil, err
 		}
-		s.procs = append(s.procs, ma)
-		if err := ma.WaitReady(ctx, 20*time.Second, tcpReady(modelAddr)); err != nil {
-			return err
-		}
-		modelURL = "http://" + modelAddr + " (scripted demo model)"
-		// The model proxy forwards to it; sandboxes never see its address or key.
-		env = append(env, "TASKRUNNER_ANTHROPIC_UPSTREAM=http://"+modelAddr, "ANTHROPIC_API_KEY=offline-demo-key")
+		modelURL = "http://" + c.modelAddr + " (scripted demo model)"
+		env = append(env, "TASKRUNNER_ANTHROPIC_UPSTREAM=http://"+c.modelAddr, "ANTHROPIC_API_KEY=offline-demo-key")
 	}
-	// Codex speaks the OpenAI Responses API: a second scripted server with
-	// the Codex demo script, unless OPENAI_API_KEY selects the real one.
 	if os.Getenv("OPENAI_API_KEY") == "" {
-		cx, err := devstack.Start("modelapi-codex", logDir, bin("modelapi"), []string{"--addr", codexAddr, "--script", filepath.Join(root, "tools", "demo", "codex-demo.yaml")}, nil)
-		if err != nil {
-			return err
+		if err := s.startModelAPI(ctx, c, "modelapi-codex", c.codexAddr, "codex-demo.yaml"); err != nil {
+			return "", nil, err
 		}
-		s.procs = append(s.procs, cx)
-		if err := cx.WaitReady(ctx, 20*time.Second, tcpReady(codexAddr)); err != nil {
-			return err
-		}
-		modelURL += ", http://" + codexAddr + "/v1 (scripted Codex model)"
-		env = append(env, "TASKRUNNER_OPENAI_UPSTREAM=http://"+codexAddr, "OPENAI_API_KEY=offline-demo-key")
+		modelURL += ", http://" + c.codexAddr + "/v1 (scripted Codex model)"
+		env = append(env, "TASKRUNNER_OPENAI_UPSTREAM=http://"+c.codexAddr, "OPENAI_API_KEY=offline-demo-key")
 	}
+	return modelURL, env, nil
+}
 
-	// GitHub: the real one when App or token settings are given, otherwise
-	// the local forge seeded with the demo repository.
-	mergeHint := ""
-	forgeInfo := "GitHub (" + envOr("TASKRUNNER_GITHUB_API_URL", "https://api.github.com/") + ")"
-	if os.Getenv("TASKRUNNER_GITHUB_APP_ID") == "" && os.Getenv("TASKRUNNER_GITHUB_TOKEN") == "" {
-		forgeDir := abs(filepath.Join(*dir, "forge"))
-		// The forge keeps pull requests in memory: start every run from the
-		// pristine demo repository so the demo works again after a merge.
-		if err := os.RemoveAll(filepath.Join(forgeDir, "repos", "demo", "greet.git")); err != nil {
-			return err
-		}
-		fg, err := devstack.Start("forge", logDir, bin("forge"), []string{"--addr", forgeAddr, "--data-dir", forgeDir,
-			"--seed", "demo/greet=" + filepath.Join(root, "tools", "demo", "sample-repo"),
-			"--webhook-url", "http://" + httpAddr + "/v1/webhooks/github", "--webhook-secret", secrets["webhook"],
-			"--app-id", "1", "--app-key-file", filepath.Join(forgeDir, "app-key.pem"),
-			"--personal-token", secrets["forge"]}, env) // env carries the OTLP settings
-		if err != nil {
-			return err
-		}
-		s.procs = append(s.procs, fg)
-		if err := fg.WaitReady(ctx, 20*time.Second, tcpReady(forgeAddr)); err != nil {
-			return err
-		}
-		// The forge forgets its tokens when it restarts: never reuse tokens
-		// cached by an earlier run.
-		run := make([]byte, 4)
-		_, _ = rand.Read(run)
-		env = append(env, "TASKRUNNER_GITHUB_CACHE_PREFIX="+os.Getenv("TASKRUNNER_REDIS_PREFIX")+"taskrunner:githubtoken:dev-"+hex.EncodeToString(run)+":")
-		forgeInfo = "http://" + forgeAddr + " (local forge; repository demo/greet; admin token in .dev/secrets.env)"
-		mergeHint = fmt.Sprintf("\nMerge its pull request on the forge (the webhook moves the task to done):\n\n  curl -s -X PUT http://%s/repos/demo/greet/pulls/<number>/merge -H 'Authorization: token %s'\n", forgeAddr, secrets["forge"])
-		env = append(env, "TASKRUNNER_GITHUB_API_URL=http://"+forgeAddr+"/", "TASKRUNNER_GITHUB_GIT_URL=http://"+forgeAddr,
-			"TASKRUNNER_GITHUB_APP_ID=1", "TASKRUNNER_GITHUB_APP_KEY_FILE="+filepath.Join(forgeDir, "app-key.pem"))
+// startModelAPI starts one scripted model API with a demo script.
+func (s *stack) startModelAPI(ctx context.Context, c upConfig, name, addr, script string) error {
+	p, err := devstack.Start(name, c.logDir, c.bin("modelapi"), []string{"--addr", addr, "--script", filepath.Join(c.root, "tools", "demo", script)}, nil)
+	if err != nil {
+		return err
 	}
+	s.procs = append(s.procs, p)
+	return p.WaitReady(ctx, 20*time.Second, tcpReady(addr))
+}
 
-	migrate := exec.CommandContext(ctx, bin("taskrunnerd"), "migrate")
+// startForge starts the local forge seeded with the demo repository, unless
+// GitHub App or token settings select the real GitHub. It answers the
+// banner's forge line and merge hint and env with the GitHub settings.
+func (s *stack) startForge(ctx context.Context, c upConfig, env []string, secrets map[string]string) (info, mergeHint string, _ []string, _ error) {
+	if os.Getenv("TASKRUNNER_GITHUB_APP_ID") != "" || os.Getenv("TASKRUNNER_GITHUB_TOKEN") != "" {
+		return "GitHub (" + envOr("TASKRUNNER_GITHUB_API_URL", "https://api.github.com/") + ")", "", env, nil
+	}
+	forgeDir := abs(filepath.Join(c.dir, "forge"))
+	// The forge keeps pull requests in memory: start every run from the
+	// pristine demo repository so the demo works again after a merge.
+	if err := os.RemoveAll(filepath.Join(forgeDir, "repos", "demo", "greet.git")); err != nil {
+		return "", "", nil, err
+	}
+	fg, err := devstack.Start("forge", c.logDir, c.bin("forge"), []string{"--addr", c.forgeAddr, "--data-dir", forgeDir,
+		"--seed", "demo/greet=" + filepath.Join(c.root, "tools", "demo", "sample-repo"),
+		"--webhook-url", "http://" + c.httpAddr + "/v1/webhooks/github", "--webhook-secret", secrets["webhook"],
+		"--app-id", "1", "--app-key-file", filepath.Join(forgeDir, "app-key.pem"),
+		"--personal-token", secrets["forge"]}, env) // env carries the OTLP settings
+	if err != nil {
+		return "", "", nil, err
+	}
+	s.procs = append(s.procs, fg)
+	if err := fg.WaitReady(ctx, 20*time.Second, tcpReady(c.forgeAddr)); err != nil {
+		return "", "", nil, err
+	}
+	// The forge forgets its tokens when it restarts: never reuse tokens
+	// cached by an earlier run.
+	run := make([]byte, 4)
+	_, _ = rand.Read(run)
+	env = append(env, "TASKRUNNER_GITHUB_CACHE_PREFIX="+os.Getenv("TASKRUNNER_REDIS_PREFIX")+"taskrunner:githubtoken:dev-"+hex.EncodeToString(run)+":")
+	info = "http://" + c.forgeAddr + " (local forge; repository demo/greet; admin token in .dev/secrets.env)"
+	mergeHint = fmt.Sprintf("\nMerge its pull request on the forge (the webhook moves the task to done):\n\n  curl -s -X PUT http://%s/repos/demo/greet/pulls/<number>/merge -H 'Authorization: token %s'\n", c.forgeAddr, secrets["forge"])
+	env = append(env, "TASKRUNNER_GITHUB_API_URL=http://"+c.forgeAddr+"/", "TASKRUNNER_GITHUB_GIT_URL=http://"+c.forgeAddr,
+		"TASKRUNNER_GITHUB_APP_ID=1", "TASKRUNNER_GITHUB_APP_KEY_FILE="+filepath.Join(forgeDir, "app-key.pem"))
+	return info, mergeHint, env, nil
+}
+
+// startDaemon migrates the database, starts taskrunnerd and, once its health
+// check serves, the gateway with the gateway's internal token.
+func (s *stack) startDaemon(ctx context.Context, c upConfig, env []string, dbURL string) error {
+	migrate := exec.CommandContext(ctx, c.bin("taskrunnerd"), "migrate")
 	migrate.Env = append(os.Environ(), env...)
 	if out, err := migrate.CombinedOutput(); err != nil {
 		return fmt.Errorf("taskrunnerd migrate: %w\n%s", err, out)
 	}
-	internal, err := internalToken(ctx, pg.URL, filepath.Join(*dir, "internal-token"))
+	internal, err := internalToken(ctx, dbURL, filepath.Join(c.dir, "internal-token"))
 	if err != nil {
 		return err
 	}
 	env = append(env, "TASKRUNNER_GATEWAY_INTERNAL_TOKEN="+internal)
 
-	daemon, err := devstack.Start("taskrunnerd", logDir, bin("taskrunnerd"), []string{"--services=all"}, env)
+	daemon, err := devstack.Start("taskrunnerd", c.logDir, c.bin("taskrunnerd"), []string{"--services=all"}, env)
 	if err != nil {
 		return err
 	}
 	s.procs = append(s.procs, daemon)
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(c.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
@@ -316,13 +375,13 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 		return err
 	}
 
-	gw, err := devstack.Start("gateway", logDir, bin("gateway"), nil, env)
+	gw, err := devstack.Start("gateway", c.logDir, c.bin("gateway"), nil, env)
 	if err != nil {
 		return err
 	}
 	s.procs = append(s.procs, gw)
-	if err := gw.WaitReady(ctx, 30*time.Second, func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/readyz", nil)
+	return gw.WaitReady(ctx, 30*time.Second, func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.httpAddr+"/readyz", nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return err
@@ -332,23 +391,18 @@ func up(ctx context.Context, args []string, logger *slog.Logger) error {
 			return fmt.Errorf("readyz: %s", resp.Status)
 		}
 		return nil
-	}); err != nil {
-		return err
-	}
+	})
+}
 
-	token, err := devToken(ctx, pg.URL, filepath.Join(*dir, "token"))
-	if err != nil {
-		return err
-	}
-	printBanner(banner{jaeger: jaegerInfo, http: httpAddr, grpc: grpcAddr, token: token, logs: logDir, model: modelURL, forge: forgeInfo, merge: mergeHint})
-
+// wait returns nil on a signal, or the error of the first process to exit.
+func (s *stack) wait(ctx context.Context) error {
 	exited := make(chan *devstack.Proc, len(s.procs))
 	for _, p := range s.procs {
 		go func() { <-p.Done(); exited <- p }()
 	}
 	select {
 	case <-ctx.Done():
-		logger.Info("stopping the stack")
+		s.logger.Info("stopping the stack")
 		return nil
 	case p := <-exited:
 		return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.LogPath)
