@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/textproto"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -196,15 +198,28 @@ func guard(routes *routeTable, gw *runtime.ServeMux, lost http.Handler) http.Han
 	})
 }
 
+// readyWait is how long /readyz waits for a connection that is not READY
+// to become ready: the gateway's reconnect backoff is capped under 1 s, so
+// a taskrunnerd that is listening again is reached within it.
+const readyWait = time.Second
+
+// readyz follows the real connection state: it is ready only when the
+// task service's conn is READY, or becomes READY within readyWait (an IDLE
+// conn is asked to connect; one in TRANSIENT_FAILURE is waited for through
+// its next attempt), and the health service answers SERVING.
 func readyz(conn *grpc.ClientConn) http.HandlerFunc {
 	hc := healthpb.NewHealthClient(conn)
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(r.Context(), readyWait)
 		defer cancel()
-		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		if conn.GetState() == connectivity.Idle {
+			conn.Connect()
+		}
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
 		w.Header().Set("Content-Type", "application/json")
 		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			httperr.Write(w, httperr.Unavailable("not ready: the task service is not serving"))
+			httperr.Write(w, httperr.Unavailable(fmt.Sprintf("not ready: the task service is not serving (connection %s)",
+				strings.ToLower(conn.GetState().String()))))
 			return
 		}
 		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))

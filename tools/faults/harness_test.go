@@ -187,6 +187,7 @@ type stack struct {
 	tasks                *task.Store
 	token                string
 	heartbeat            time.Duration
+	gatewayPID           int // the real gateway's, once gateway() started it
 }
 
 func newStack(t testing.TB, opts ...func(*stack)) *stack {
@@ -438,9 +439,11 @@ func (s *stack) gateway() string {
 	require.NoError(s.t, err)
 	cmd := exec.Command(filepath.Join(s.bin, "gateway"))
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + s.dir, "TASKRUNNER_HTTP_ADDR=" + addr,
-		"TASKRUNNER_TASK_ADDR=" + s.grpcAddr, "TASKRUNNER_EVENTS_ADDR=" + s.grpcAddr, "TASKRUNNER_REDIS_URL=" + s.rds.URL}
+		"TASKRUNNER_TASK_ADDR=" + s.grpcAddr, "TASKRUNNER_EVENTS_ADDR=" + s.grpcAddr, "TASKRUNNER_REDIS_URL=" + s.rds.URL,
+		"GOTRACEBACK=all"} // SIGQUIT dumps every goroutine (TestTwoThousandSSEConnectionsTwice counts them)
 	cmd.Stdout, cmd.Stderr = log, log
 	require.NoError(s.t, cmd.Start())
+	s.gatewayPID = cmd.Process.Pid
 	s.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = log.Close() })
 	base := "http://" + addr
 	require.Eventually(s.t, func() bool {

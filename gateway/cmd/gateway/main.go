@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/taskrunner/taskrunner/gateway/config"
 	"github.com/taskrunner/taskrunner/gateway/console"
@@ -77,19 +78,29 @@ func run() error {
 		_ = tel.Shutdown(sctx)
 	}()
 	clientTel := grpc.WithStatsHandler(otelgrpc.NewClientHandler())
+	// Reconnect to a restarted taskrunnerd within 1 s: gRPC's default
+	// backoff (1 s growing to 120 s) left REST and /readyz failing up to
+	// ~30 s after taskrunnerd listened again after a 45 s outage. Capped at
+	// 800 ms with ±20 % jitter, the next attempt is at most 0.96 s away; an
+	// attempt that hangs (packets dropped, not refused) gives up after 2 s
+	// instead of 20 s.
+	reconnect := grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 800 * time.Millisecond},
+		MinConnectTimeout: 2 * time.Second,
+	})
 	transport, err := transportCredentials()
 	if err != nil {
 		return err
 	}
 
-	taskConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel)
+	taskConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel, reconnect)
 	if err != nil {
 		return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
 	}
 	defer taskConn.Close()
 	eventsConn := taskConn
 	if cfg.EventsAddr != cfg.TaskAddr {
-		if eventsConn, err = grpc.NewClient(cfg.EventsAddr, grpc.WithTransportCredentials(transport), clientTel); err != nil {
+		if eventsConn, err = grpc.NewClient(cfg.EventsAddr, grpc.WithTransportCredentials(transport), clientTel, reconnect); err != nil {
 			return fmt.Errorf("TASKRUNNER_EVENTS_ADDR: %w", err)
 		}
 		defer eventsConn.Close()
@@ -139,7 +150,7 @@ func run() error {
 		if cfg.InternalToken == "" {
 			return fmt.Errorf("TASKRUNNER_GATEWAY_INTERNAL_TOKEN: required with TASKRUNNER_GITHUB_WEBHOOK_SECRET (create one with `taskctl token create --owner gateway --scopes internal`)")
 		}
-		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel,
+		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel, reconnect,
 			grpc.WithPerRPCCredentials(rpcauth.BearerToken(cfg.InternalToken)))
 		if err != nil {
 			return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
