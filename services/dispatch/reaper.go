@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -145,20 +146,17 @@ func (s *Server) fail(ctx context.Context, id, reason, requestID string) bool {
 // RunReaper first starts the sandboxes a killed Dispatch admitted but never
 // created (Resume), then reaps every interval until ctx ends.
 func (s *Server) RunReaper(ctx context.Context) {
-	for delay := 100 * time.Millisecond; ; delay = min(2*delay, s.cfg.ReaperInterval) {
-		n, err := s.Resume(ctx)
-		if err == nil {
-			if n > 0 {
-				s.log.InfoContext(ctx, "dispatch: resumed sandbox starts", "tasks", n)
-			}
-			break
-		}
-		s.log.WarnContext(ctx, "dispatch: could not look for sandbox starts to resume; retrying", "error", err, "delay", delay)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(delay):
-		}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, s.cfg.ReaperInterval
+	n, err := backoff.Retry(ctx, func() (int, error) { return s.Resume(ctx) },
+		backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0), backoff.WithNotify(func(err error, delay time.Duration) {
+			s.log.WarnContext(ctx, "dispatch: could not look for sandbox starts to resume; retrying", "error", err, "delay", delay)
+		}))
+	if err != nil {
+		return // ctx ended
+	}
+	if n > 0 {
+		s.log.InfoContext(ctx, "dispatch: resumed sandbox starts", "tasks", n)
 	}
 	t := time.NewTicker(s.cfg.ReaperInterval)
 	defer t.Stop()

@@ -173,17 +173,10 @@ func (c *committer) commit(batch []*submission) {
 	defer cancel()
 	var outs map[*submission]outcome
 	var pubs []task.Appended
-	var err error
-	for attempt := range commitAttempts {
+	err := store.Retry(ctx, func() (err error) {
 		outs, pubs, err = c.transact(ctx, batch)
-		if !store.Retryable(err) || attempt == commitAttempts-1 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(attempt+1) * 5 * time.Millisecond):
-		}
-	}
+		return err
+	})
 	if err != nil {
 		c.log.Error("events: group commit failed", "events", len(batch), "error", err)
 		for _, s := range batch {
@@ -205,10 +198,6 @@ func (c *committer) commit(batch []*submission) {
 		c.publish <- pubs
 	}
 }
-
-// commitAttempts bounds the tries of a batch that hits a deadlock or a
-// serialization failure.
-const commitAttempts = 5
 
 // acceptsEvents reports whether a task in status st may still receive runner
 // events: not after its terminal event (awaiting_review follows completed).

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -134,19 +135,13 @@ func (s *Server) Cancel(ctx context.Context, taskID, reason string) error {
 func (s *Server) runCancels(ctx context.Context) {
 	ps := s.rdb.PSubscribe(ctx, cancelPattern(s.cfg.RedisPrefix))
 	defer ps.Close()
-	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
-		if _, err := ps.Receive(ctx); err == nil {
-			break
-		} else if ctx.Err() != nil {
-			return
-		} else {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 5*time.Second
+	if _, err := backoff.Retry(ctx, func() (any, error) { return ps.Receive(ctx) },
+		backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0), backoff.WithNotify(func(err error, _ time.Duration) {
 			s.log.Warn("events: cancel subscription not ready; retrying", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(delay):
-		}
+		})); err != nil {
+		return // ctx ended
 	}
 	close(s.ready)
 	ch := ps.Channel()

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,22 +59,32 @@ func migrateDB(ctx context.Context, db *sql.DB, logger *slog.Logger) (int64, err
 }
 
 // WithTx runs fn in a transaction at the given isolation level and retries it
-// when PostgreSQL reports a serialization failure or deadlock, so callers can
-// use SERIALIZABLE where they need it without writing retry loops.
+// (Retry) when PostgreSQL reports a serialization failure or deadlock, so
+// callers can use SERIALIZABLE where they need it without writing retry loops.
 func WithTx(ctx context.Context, pool *pgxpool.Pool, iso pgx.TxIsoLevel, fn func(pgx.Tx) error) error {
-	const attempts = 5
-	var err error
-	for i := range attempts {
-		err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: iso}, fn)
-		if !Retryable(err) {
-			return err
+	return Retry(ctx, func() error {
+		return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: iso}, fn)
+	})
+}
+
+// TxAttempts bounds the tries of a transaction that hits a serialization
+// failure or a deadlock.
+const TxAttempts = 5
+
+// Retry is the one transaction retry: it calls fn (one whole transaction)
+// again while it fails with a Retryable error, at most TxAttempts times in
+// all, after a short jittered exponential backoff (5 ms, doubling, capped at
+// 50 ms). It answers fn's last error, or ctx's cause once ctx ends.
+func Retry(ctx context.Context, fn func() error) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 5*time.Millisecond, 50*time.Millisecond
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		err := fn()
+		if err != nil && !Retryable(err) {
+			return struct{}{}, backoff.Permanent(err)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Duration(i+1) * 5 * time.Millisecond):
-		}
-	}
+		return struct{}{}, err
+	}, backoff.WithBackOff(b), backoff.WithMaxTries(TxAttempts), backoff.WithMaxElapsedTime(0))
 	return err
 }
 
