@@ -8,7 +8,11 @@
 // shared subscription per gateway process (the hub), replays stored events
 // after Last-Event-ID through EventsService.ListEvents, then streams live
 // events, writing only strictly increasing sequence numbers and filling any
-// gap from ListEvents: no gap, no duplicate.
+// gap from ListEvents: no gap, no duplicate. The seq decision (skip, deliver,
+// fill from the log) is platform/follow's Next and AfterFill, the same as
+// EventsService.Subscribe's; SSE keeps its own loop around them because it
+// reads a shared ring per task (the hub) in batches rather than one Redis
+// subscription per client, and writes pooled, pre-framed bytes.
 //
 // Authentication is the REST API's bearer token, from the Authorization
 // header or, because a browser's EventSource cannot set headers, from the

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/taskrunner/taskrunner/platform/eventwire"
+	"github.com/taskrunner/taskrunner/platform/follow"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
 
@@ -413,10 +414,10 @@ func (c *stream) finish(err error) error {
 // live writes one live frame (without flushing); ended is true after the
 // final event.
 func (c *stream) live(f *frame) (ended bool, err error) {
-	if f.seq <= c.last {
+	switch follow.Next(c.last, f.seq) {
+	case follow.Skip:
 		return false, nil // replayed already
-	}
-	if f.seq > c.last+1 {
+	case follow.Fill:
 		// Something between is missing here (published while we replayed,
 		// by another writer of the timeline whose message comes later, or
 		// lost by a reconnect): the log has it all, since nothing is
@@ -424,7 +425,7 @@ func (c *stream) live(f *frame) (ended bool, err error) {
 		if ended, err := c.replay(); ended || err != nil {
 			return ended, err
 		}
-		if f.seq <= c.last {
+		if follow.AfterFill(c.last, f.seq) == follow.Skip {
 			return false, nil
 		}
 		c.h.log.WarnContext(c.ctx, "sse: events missing from the log", "task_id", c.taskID, "after", c.last, "seq", f.seq)
@@ -494,7 +495,7 @@ func (c *stream) replay() (ended bool, err error) {
 		// One write deadline and one flush per page.
 		c.arm()
 		for _, e := range resp.GetEvents() {
-			if e.GetSeq() <= c.last {
+			if follow.Next(c.last, e.GetSeq()) == follow.Skip {
 				continue
 			}
 			if c.view == viewSeed {

@@ -3,8 +3,8 @@ package events
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"strconv"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/taskrunner/taskrunner/platform/eventwire"
+	"github.com/taskrunner/taskrunner/platform/follow"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/services/auth"
 	"github.com/taskrunner/taskrunner/services/errs"
@@ -62,98 +63,81 @@ func (s *Server) Subscribe(req *taskrunnerv1.SubscribeRequest, stream grpc.Serve
 	}
 	live := ps.Channel(redis.WithChannelSize(1024))
 
-	last := req.GetAfterSeq()
-	send := func(e *taskrunnerv1.Event) error {
-		last = e.GetSeq()
-		return stream.Send(&taskrunnerv1.SubscribeResponse{TaskId: id, Event: e})
+	// Server.Close ends the stream with Unavailable.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(s.ctx, func() { cancel(errShuttingDown) })()
+	err := follow.Follow(ctx, redisFeed(live), storePages{s, id}, subscribeSink{stream, id}, follow.Options{
+		After:      req.GetAfterSeq(),
+		Finished:   func(ctx context.Context) (bool, error) { return s.finished(ctx, id) },
+		CheckEvery: s.cfg.HeartbeatInterval,
+		Dropped: func(err error) {
+			s.log.WarnContext(ctx, "events: undecodable message on channel", "task_id", id, "error", err)
+		},
+		Gap: func(after, seq int64) {
+			s.log.WarnContext(ctx, "events: events missing from the log", "task_id", id, "after", after, "seq", seq)
+		},
+	})
+	if errors.Is(err, follow.ErrFeedClosed) {
+		return status.Error(codes.Unavailable, "event fan-out closed")
 	}
-	// replay sends every stored event after last; ended is true after the
-	// terminal event.
-	replay := func() (ended bool, err error) {
-		for {
-			recs, more, err := s.store.Page(ctx, id, last, replayPage, s.cfg.maxPageBytes())
-			if err != nil {
-				return false, err
-			}
-			for _, r := range recs {
-				e, err := eventwire.DecodeEvent(r.Payload)
-				if err != nil {
-					return false, err
-				}
-				if err := send(e); err != nil {
-					return false, err
-				}
-				if eventwire.Final(e) {
-					return true, nil
-				}
-			}
-			if !more {
-				return false, nil
-			}
-		}
-	}
-	// over replays what is left once the task has finished (a task that
-	// finished before its timeline had status_change events ends there).
-	over := func() (bool, error) {
-		t, err := s.tasks.Get(ctx, id, "")
-		if err != nil || !t.Status.Terminal() {
-			return false, err
-		}
-		_, err = replay()
-		return true, err
-	}
+	return err
+}
 
-	if ended, err := replay(); ended || err != nil {
-		return err
+// finished reports whether the task has finished: Subscribe's safety net
+// for a task that ends without a final event (user cancel, reaper, a
+// timeline written before status_change existed).
+func (s *Server) finished(ctx context.Context, id string) (bool, error) {
+	t, err := s.tasks.Get(ctx, id, "")
+	if err != nil {
+		return false, err
 	}
-	if ended, err := over(); ended || err != nil {
-		return err
+	return t.Status.Terminal(), nil
+}
+
+// redisFeed is a task's Redis channel as Subscribe's live feed.
+type redisFeed <-chan *redis.Message
+
+func (f redisFeed) Messages() <-chan *redis.Message { return f }
+
+func (redisFeed) Decode(m *redis.Message) (*taskrunnerv1.Event, error) {
+	msg, err := eventwire.DecodeMessage([]byte(m.Payload))
+	if err != nil {
+		return nil, err
 	}
-	check := time.NewTicker(s.cfg.HeartbeatInterval)
-	defer check.Stop()
-	for {
-		select {
-		case m, ok := <-live:
-			if !ok {
-				return status.Error(codes.Unavailable, "event fan-out closed")
-			}
-			msg, err := eventwire.DecodeMessage([]byte(m.Payload))
-			var e *taskrunnerv1.Event
-			if err == nil {
-				e, err = eventwire.DecodeEvent(msg.Payload)
-			}
-			if err != nil {
-				s.log.WarnContext(ctx, "events: undecodable message on channel", "channel", m.Channel, "error", err)
-				continue
-			}
-			switch {
-			case e.GetSeq() <= last:
-				continue // already sent (replay overlap)
-			case e.GetSeq() > last+1:
-				// A message was missed (or the replay is behind): the
-				// database holds everything up to e.
-				if ended, err := replay(); ended || err != nil {
-					return err
-				}
-				continue
-			}
-			if err := send(e); err != nil {
-				return err
-			}
-			if eventwire.Final(e) {
-				return nil
-			}
-		case <-check.C:
-			// A task can end without a terminal event (user cancel, reaper).
-			if ended, err := over(); ended || err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.ctx.Done():
-			return errShuttingDown
+	return eventwire.DecodeEvent(msg.Payload)
+}
+
+// storePages reads a task's stored timeline in replay pages.
+type storePages struct {
+	s  *Server
+	id string
+}
+
+func (p storePages) Page(ctx context.Context, after int64) ([]*taskrunnerv1.Event, bool, error) {
+	recs, more, err := p.s.store.Page(ctx, p.id, after, replayPage, p.s.cfg.maxPageBytes())
+	if err != nil {
+		return nil, false, err
+	}
+	events := make([]*taskrunnerv1.Event, 0, len(recs))
+	for _, r := range recs {
+		e, err := eventwire.DecodeEvent(r.Payload)
+		if err != nil {
+			return nil, false, err
 		}
+		events = append(events, e)
 	}
+	return events, more, nil
+}
+
+// subscribeSink sends events on a Subscribe stream.
+type subscribeSink struct {
+	stream grpc.ServerStreamingServer[taskrunnerv1.SubscribeResponse]
+	id     string
+}
+
+func (k subscribeSink) Send(e *taskrunnerv1.Event) error {
+	return k.stream.Send(&taskrunnerv1.SubscribeResponse{TaskId: k.id, Event: e})
 }
 
 // ListEvents implements EventsService: one page of stored events, oldest
