@@ -42,6 +42,9 @@ type Options struct {
 	Token string
 	// OutDir receives the screenshots and result.json.
 	OutDir string
+	// ResultFile names the result file in OutDir; empty: result.json. A
+	// second run into the same OutDir names another to keep the first's.
+	ResultFile string
 	// Scenarios to run; empty runs the default set (every one but
 	// ScenarioCancelReview).
 	Scenarios []string
@@ -103,6 +106,9 @@ func Run(ctx context.Context, o Options) error {
 	cmd.Env = append(os.Environ(), "BASE_URL="+o.BaseURL, "TOKEN="+o.Token, "OUT_DIR="+o.OutDir, "CHROMIUM="+chromium,
 		"SCENARIOS="+strings.Join(o.Scenarios, ","), "DEMO_TASK_ID="+o.DemoTaskID,
 		"CORS_PAGE="+o.CORSPage, "CORS_DENIED_PAGE="+o.CORSDeniedPage)
+	if o.ResultFile != "" {
+		cmd.Env = append(cmd.Env, "RESULT_FILE="+o.ResultFile)
+	}
 	if o.TaskTimeout > 0 {
 		cmd.Env = append(cmd.Env, "TASK_TIMEOUT_MS="+strconv.FormatInt(o.TaskTimeout.Milliseconds(), 10))
 	}

@@ -26,6 +26,8 @@
 //                 and cors when CORS_PAGE is set)
 //   DEMO_TASK_ID  the awaiting-review task that trace and cancel-review use
 //                 (default: the one create-task created in this run)
+//   RESULT_FILE   name of the result file in OUT_DIR (default result.json), so
+//                 a second run into the same OUT_DIR keeps the first's
 //   CORS_PAGE     cors.html served from an origin the gateway allows
 //                 (TASKRUNNER_CORS_ORIGINS); CORS_DENIED_PAGE the same page
 //                 from an origin it does not allow (browsertest.CrossOrigin)
@@ -43,12 +45,15 @@
 //                opens a task's event stream; the same page from an origin
 //                the gateway does not allow can do neither.
 //   cancel-review (not in the default set: it closes the demo task's PR)
-//                the awaiting-review demo task warns that Cancel closes its
-//                pull request before the click; cancel it.
+//                the awaiting-review demo task warns, before the click, that
+//                Cancel closes its pull request, by the number the API gives
+//                ("Cancelling this task closes its open pull request #N …");
+//                screenshot; cancel it from its page; the warning goes, the
+//                timeline shows the cancel and the stream ends.
 //
 // Artifacts in OUT_DIR: console-task.png, console-validation.png,
 // console-list.png, console-queue.png, console-trace.png, console-cancel-review.png, console-cors.png,
-// failure-<scenario>.png (on failure), result.json (what happened).
+// failure-<scenario>.png (on failure), result.json (what happened; RESULT_FILE).
 // Exit status: 0 when every scenario passed, 1 when one failed, 2 on bad usage.
 
 import { mkdir, readFile, writeFile } from "node:fs/promises";
@@ -75,6 +80,7 @@ async function config() {
   const scenarios = (env.SCENARIOS || defaults).split(",").map((s) => s.trim()).filter(Boolean);
   for (const s of scenarios) if (!SCENARIOS[s]) usage(`SCENARIOS: unknown scenario ${JSON.stringify(s)} (have ${Object.keys(SCENARIOS).join(", ")})`);
   if (scenarios.includes("cors") && !(env.CORS_PAGE && env.CORS_DENIED_PAGE)) usage("the cors scenario needs CORS_PAGE and CORS_DENIED_PAGE");
+  if (env.RESULT_FILE && (path.basename(env.RESULT_FILE) !== env.RESULT_FILE || !env.RESULT_FILE.endsWith(".json"))) usage(`RESULT_FILE: want a file name ending in .json, not a path: ${JSON.stringify(env.RESULT_FILE)}`);
   const timeout = Number(env.TASK_TIMEOUT_MS || 240000);
   if (!(timeout > 0)) usage("TASK_TIMEOUT_MS: want a positive number of milliseconds");
   return {
@@ -87,6 +93,7 @@ async function config() {
     taskTimeout: timeout,
     scenarios,
     demoTask: env.DEMO_TASK_ID || "",
+    resultFile: env.RESULT_FILE || "result.json",
     corsPage: env.CORS_PAGE || "",
     corsDeniedPage: env.CORS_DENIED_PAGE || "",
   };
@@ -427,27 +434,40 @@ const SCENARIOS = {
 
   async "cancel-review"(page, cfg, result) {
     check(cfg.demoTask, "no demo task: run create-task first or set DEMO_TASK_ID");
+    // The pull request the warning must name, as the API reports it.
+    const res = await page.request.get(`${cfg.base}/v1/tasks/${cfg.demoTask}`, { headers: { Authorization: `Bearer ${cfg.token}` } });
+    check(res.ok(), `GET /v1/tasks/${cfg.demoTask}: ${res.status()}`);
+    const task = (await res.json()).task;
+    const pr = /\/pull\/(\d+)$/.exec(task.pr_url || "");
+    check(pr, `the demo task has no pull request: pr_url ${JSON.stringify(task.pr_url)}`);
+    result.pr_number = pr[1];
     await signIn(page, cfg);
     await page.goto(`${cfg.base}/#/tasks/${cfg.demoTask}`);
     await page.waitForFunction(() => document.querySelector("[data-testid=task-status]")?.dataset.status === "TASK_STATUS_AWAITING_REVIEW", null, { timeout: 15000 })
       .catch(() => { throw new Failure("the demo task is not awaiting review"); });
     await waitFor(tid(page, "cancel-warning"), "the warning that cancelling closes the pull request", 5000);
     const warning = (await tid(page, "cancel-warning").textContent()).trim();
-    check(/closes its open pull request #\d+/.test(warning), `the warning reads ${JSON.stringify(warning)}`);
+    const want = `Cancelling this task closes its open pull request #${pr[1]} `;
+    check(warning.startsWith(want), `the warning reads ${JSON.stringify(warning)}, want it to start with ${JSON.stringify(want)}`);
     const label = (await tid(page, "cancel-button").textContent()).trim();
     check(/close PR/.test(label), `the cancel button reads ${JSON.stringify(label)}`);
+    const described = await tid(page, "cancel-button").getAttribute("aria-describedby");
+    check(described === "cancel-warning", `the cancel button is not described by the warning (aria-describedby ${JSON.stringify(described)})`);
     const live = await tid(page, "stream-state").getAttribute("data-state");
     check(live === "live", `an awaiting-review task's stream is ${live}, want live (it stays open until the end)`);
     result.warning = warning;
     const shot = path.join(cfg.outDir, "console-cancel-review.png");
     await page.screenshot({ path: shot, fullPage: true });
     result.screenshots.push(shot);
+    // The warning is still on screen at the moment of the click.
+    check(await tid(page, "cancel-warning").isVisible(), "the warning disappeared before the click");
     await tid(page, "cancel-button").click();
     await page.waitForFunction(() => document.querySelector("[data-testid=task-status]")?.dataset.status === "TASK_STATUS_CANCELLED", null, { timeout: 15000 })
       .catch(() => { throw new Failure("the awaiting-review task was not cancelled"); });
     await waitFor(page.locator("[data-testid=timeline-item][data-type=status_change]").filter({ hasText: "awaiting review → cancelled" }), "the cancel on the timeline", 15000);
     await page.waitForFunction(() => document.querySelector("[data-testid=stream-state]")?.dataset.state === "ended", null, { timeout: 15000 })
       .catch(() => { throw new Failure("the stream did not end after the final status change"); });
+    check(await tid(page, "cancel-warning").isHidden() && await tid(page, "cancel-button").isHidden(), "a cancelled task still offers Cancel or its warning");
   },
 };
 
@@ -498,7 +518,7 @@ async function main() {
     await context.close();
   }
   await browser.close();
-  await writeFile(path.join(cfg.outDir, "result.json"), JSON.stringify({ base_url: cfg.base, results }, null, 2) + "\n");
+  await writeFile(path.join(cfg.outDir, cfg.resultFile), JSON.stringify({ base_url: cfg.base, results }, null, 2) + "\n");
   for (const r of results) for (const s of r.screenshots) console.log(`browsertest: artifact ${s}`);
   process.exit(failed ? 1 : 0);
 }

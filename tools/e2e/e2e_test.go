@@ -70,6 +70,7 @@ type stack struct {
 	done               chan error
 	out                *syncBuffer
 	clone              string // a clone of demo/greet for follow-up checks (git)
+	modelURL, codexURL string // the scripted model APIs (Anthropic, OpenAI)
 }
 
 type syncBuffer struct {
@@ -84,7 +85,9 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func startStack(t *testing.T) *stack {
+// startStack starts the whole stack with devstack; extraEnv is added to
+// its environment (e.g. a lower budget).
+func startStack(t *testing.T, extraEnv ...string) *stack {
 	root := repoRoot(t)
 	if _, err := os.Stat(filepath.Join(root, "node_modules", ".bin", "claude")); err != nil {
 		if os.Getenv("TASKRUNNER_REQUIRE_AGENTS") != "" {
@@ -107,7 +110,7 @@ func startStack(t *testing.T) *stack {
 	suffix := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
 	dbURL := regexp.MustCompile(`/[^/?]*(\?|$)`).ReplaceAllString(storetest.DatabaseURL(), "/taskrunner_e2e_"+suffix+"$1")
 	ports := map[string]string{}
-	for _, k := range []string{"http", "grpc", "runner", "forge", "model", "codex", "metrics", "ui", "otlp", "otlpgrpc", "query"} {
+	for _, k := range []string{"http", "grpc", "runner", "forge", "model", "codex", "metrics", "ui", "otlp", "otlpgrpc", "query", "modelproxy"} {
 		ports[k] = freePort(t)
 	}
 	s := &stack{t: t, dev: dev, api: "http://127.0.0.1:" + ports["http"], forgeURL: "http://127.0.0.1:" + ports["forge"],
@@ -119,10 +122,12 @@ func startStack(t *testing.T) *stack {
 		"TASKRUNNER_HTTP_ADDR=127.0.0.1:"+ports["http"], "TASKRUNNER_GRPC_ADDR=127.0.0.1:"+ports["grpc"],
 		"TASKRUNNER_RUNNER_GRPC_ADDR=127.0.0.1:"+ports["runner"], "DEVSTACK_FORGE_ADDR=127.0.0.1:"+ports["forge"],
 		"DEVSTACK_MODELAPI_ADDR=127.0.0.1:"+ports["model"], "DEVSTACK_CODEX_MODELAPI_ADDR=127.0.0.1:"+ports["codex"],
-		"TASKRUNNER_METRICS_ADDR="+s.metricsAddr, "OPENAI_API_KEY=",
+		"TASKRUNNER_METRICS_ADDR="+s.metricsAddr, "TASKRUNNER_MODEL_PROXY_ADDR=127.0.0.1:"+ports["modelproxy"], "OPENAI_API_KEY=",
 		"JAEGER_UI_PORT="+ports["ui"], "JAEGER_OTLP_HTTP_PORT="+ports["otlp"], "JAEGER_OTLP_GRPC_PORT="+ports["otlpgrpc"],
 		"JAEGER_QUERY_GRPC_PORT="+ports["query"], "ANTHROPIC_API_KEY=", "TASKRUNNER_GITHUB_APP_ID=", "TASKRUNNER_GITHUB_TOKEN=",
 		"OTEL_EXPORTER_OTLP_ENDPOINT=", "TASKRUNNER_REAPER_INTERVAL=2s")
+	cmd.Env = append(cmd.Env, extraEnv...)
+	s.modelURL, s.codexURL = "http://127.0.0.1:"+ports["model"], "http://127.0.0.1:"+ports["codex"]
 	cmd.Stdout, cmd.Stderr = s.out, s.out
 	// Clean up after the stack has stopped (cleanups run last-in, first-out).
 	t.Cleanup(func() { dropTestState(dbURL, "e2e-"+suffix+":") })
@@ -377,7 +382,7 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, "TASK_STATUS_AWAITING_REVIEW", body["task"].(map[string]any)["status"])
 
 	// No model key ever entered the sandbox: the model proxy held it.
-	keys.check(t)
+	keys.check(t, "claude")
 	var scanned int
 	require.NoError(t, filepath.WalkDir(filepath.Join(s.dev, "sandboxes"), func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !d.Type().IsRegular() {
@@ -402,7 +407,7 @@ func TestEndToEnd(t *testing.T) {
 	number := prURL[strings.LastIndex(prURL, "/")+1:]
 	evs = append(evs, checkFollowUpFromReview(t, s, id, number, stream, &prev)...)
 	// A follow-up over REST, on a Codex task of its own, which is then
-	// cancelled: its pull request is closed with a comment.
+	// cancelled in the console: its pull request is closed with a comment.
 	checkFollowUpOverREST(t, s)
 
 	// Merging on the forge sends the signed webhook: the task is done.
@@ -666,7 +671,10 @@ func checkFollowUpFromReview(t *testing.T, s *stack, id, number string, stream <
 }
 
 // checkFollowUpOverREST runs a Codex task to its PR, asks for a follow-up
-// over REST (idempotent by Idempotency-Key), then cancels the task.
+// over REST (idempotent by Idempotency-Key), then cancels the task in the
+// console (runBrowserCancelReview: the warning naming its pull request is
+// on screen before the click) and checks over REST that the task is
+// cancelled and its pull request closed with a comment.
 func checkFollowUpOverREST(t *testing.T, s *stack) {
 	bearer := "Bearer " + s.token
 	code, body := s.do(t, http.MethodPost, s.api+"/v1/tasks", bearer, `{"repo":"demo/greet","prompt":"Add a --farewell flag to greet","agent":"AGENT_CODEX","dispatch":true}`)
@@ -705,8 +713,10 @@ func checkFollowUpOverREST(t *testing.T, s *stack) {
 	require.Equal(t, pr, task["pr_url"], "the same pull request")
 	require.Len(t, runsOf(task), 2)
 
-	// Cancel closes the pull request, with a comment naming who cancelled.
-	code, body = s.do(t, http.MethodPost, s.api+"/v1/tasks/"+id+":cancel", bearer, `{}`)
+	// Cancel, from the task's page in the console, closes the pull request,
+	// with a comment naming who cancelled.
+	runBrowserCancelReview(t, s, id)
+	code, body = s.do(t, http.MethodGet, s.api+"/v1/tasks/"+id, bearer, "")
 	require.Equal(t, http.StatusOK, code, "%v", body)
 	require.Equal(t, "TASK_STATUS_CANCELLED", body["task"].(map[string]any)["status"])
 	number := pr[strings.LastIndex(pr, "/")+1:]
@@ -837,7 +847,7 @@ func parentOf(pid int) int {
 
 // check stops the watch and asserts that it saw the sandbox's runner and
 // agent and the key in none of the sandbox's processes.
-func (w *keyWatch) check(t *testing.T) {
+func (w *keyWatch) check(t *testing.T, agent string) {
 	t.Helper()
 	w.halt()
 	w.mu.Lock()
@@ -848,6 +858,6 @@ func (w *keyWatch) check(t *testing.T) {
 	}
 	joined := strings.Join(names, "\n")
 	require.Contains(t, joined, "runner", "the watch saw the sandbox's runner")
-	require.Contains(t, joined, "claude", "the watch saw the agent CLI")
+	require.Contains(t, joined, agent, "the watch saw the agent CLI")
 	require.Empty(t, w.leaks, "the model key is in the sandbox's processes")
 }

@@ -444,11 +444,13 @@ function showTask(id) {
     const costs = stageCosts(st.costEvents);
     $("stage-costs-empty").hidden = costs.length > 0;
     const max = Math.max(1e-9, ...costs.map((c) => c.cost));
+    // With follow-ups, name each stage's run: "run 2 · propose".
+    const runs = new Set(costs.map((c) => c.run)).size;
     $("stage-costs").replaceChildren(...costs.map((c) => {
       const bar = el("div", { class: "cost-bar" });
       bar.style.width = `${((c.cost / max) * 100).toFixed(1)}%`;
       return el("div", { class: "cost-row", role: "row", "data-testid": "stage-cost", "data-stage": stageLabel(c.stage) },
-        el("span", { role: "rowheader", text: stageLabel(c.stage) }),
+        el("span", { role: "rowheader", text: runs > 1 ? `run ${c.run} · ${stageLabel(c.stage)}` : stageLabel(c.stage) }),
         el("div", { class: "cost-track", role: "cell", "aria-hidden": "true" }, bar),
         el("span", { class: "cost-value", role: "cell", text: `$${c.cost.toFixed(4)}` }));
     }));
@@ -492,7 +494,7 @@ function showTask(id) {
     switch (name) {
       case "stage_change":
         st.stage = laterStage(st.stage, ev.stage_change.stage);
-        st.costEvents.push({ type: "stage", stage: ev.stage_change.stage });
+        st.costEvents.push({ type: "stage", stage: ev.stage_change.stage, run: ev.run });
         if (st.outcome === "idle") st.outcome = "running";
         // A replay of a finished task must not make it look running again.
         if (t && LIVE.has(t.status)) Object.assign(t, { status: "TASK_STATUS_RUNNING", stage: st.stage });

@@ -191,8 +191,10 @@ export function relativePaths(line) {
 /**
  * stageCosts splits the agent's cumulative cost (usage events) by stage
  * (stage_change events mark the boundaries). events: [{type: "stage", stage}
- * | {type: "usage", cost}] in timeline order. Returns [{stage, cost}] for
- * the stages seen, in order; usage before the first stage counts to it.
+ * | {type: "usage", cost}] in timeline order; a stage event's run (the
+ * event's run, 0 or absent for the first) keeps a follow-up's stages apart
+ * from the first run's. Returns [{stage, run, cost}] for the stages seen, in
+ * order; usage before the first stage counts to it.
  */
 export function stageCosts(events) {
   const out = [];
@@ -201,8 +203,9 @@ export function stageCosts(events) {
   let early = 0;
   for (const e of events) {
     if (e.type === "stage") {
-      if (!cur || cur.stage !== e.stage) {
-        cur = { stage: e.stage, cost: 0 };
+      const run = n(e.run) || 1;
+      if (!cur || cur.stage !== e.stage || cur.run !== run) {
+        cur = { stage: e.stage, run, cost: 0 };
         if (!out.length) { cur.cost = early; early = 0; }
         out.push(cur);
       }

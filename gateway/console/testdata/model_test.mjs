@@ -44,6 +44,9 @@ assert.equal(m.relativePaths("see https://example.com/x and /usr/bin/git"), "see
 assert.deepEqual(m.stageCosts([{type:"usage", cost:0.01}, {type:"stage", stage:"TASK_STAGE_EXPLORE"}, {type:"usage", cost:0.05},
   {type:"stage", stage:"TASK_STAGE_PROPOSE"}, {type:"usage", cost:0.12}, {type:"usage", cost:0.2}, {type:"stage", stage:"TASK_STAGE_APPLY"}])
   .map((x) => [x.stage, +x.cost.toFixed(4)]), [["TASK_STAGE_EXPLORE", 0.05], ["TASK_STAGE_PROPOSE", 0.15], ["TASK_STAGE_APPLY", 0]]);
+// A follow-up's stages are its own rows, by run, even where a stage repeats.
+assert.deepEqual(m.stageCosts([{type:"stage", stage:"TASK_STAGE_PROPOSE"}, {type:"usage", cost:0.1}, {type:"stage", stage:"TASK_STAGE_PROPOSE", run:2},
+  {type:"usage", cost:0.15}]).map((x) => [x.run, x.stage, +x.cost.toFixed(4)]), [[1, "TASK_STAGE_PROPOSE", 0.1], [2, "TASK_STAGE_PROPOSE", 0.05]]);
 assert.equal(m.formatDuration(1500), "2 ms");
 assert.equal(m.formatDuration(2500000), "2.5 s");
 assert.equal(m.formatDuration(125e6), "2 min 5 s");
