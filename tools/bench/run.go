@@ -1,14 +1,11 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -141,40 +138,15 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 		return res, err
 	}
 
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cmd := exec.CommandContext(cctx, e.clientCmd[0], e.clientCmd[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	cp, err := startClient(ctx, e.clientCmd)
 	if err != nil {
 		return res, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
+	defer cp.stop()
+	if err := cp.say(string(specJSON)); err != nil {
 		return res, err
 	}
-	if err := cmd.Start(); err != nil {
-		return res, fmt.Errorf("bench: starting the client process: %w", err)
-	}
-	waited := false
-	defer func() {
-		if !waited {
-			cancel()
-			_ = cmd.Wait()
-		}
-	}()
-	rd := bufio.NewReader(stdout)
-	expect := func(want string) error {
-		got, err := rd.ReadString('\n')
-		if err != nil || strings.TrimSpace(got) != want {
-			return fmt.Errorf("bench: the client process said %q, not %q (%v); its error is above", strings.TrimSpace(got), want, err)
-		}
-		return nil
-	}
-	if _, err := fmt.Fprintf(stdin, "%s\n", specJSON); err != nil {
-		return res, err
-	}
-	if err := expect(lineReady); err != nil {
+	if err := cp.expect(lineReady); err != nil {
 		return res, err
 	}
 
@@ -184,10 +156,10 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 		e.log.Warn("bench: cannot reset VmHWM; peak memory is the process's peak so far")
 	}
 	cpu0, srv0, sched0, host0 := cpuTime(), serverCPU("postgres", "redis-server"), schedSample(), readHostTimes()
-	if _, err := fmt.Fprintln(stdin, lineGo); err != nil {
+	if err := cp.say(lineGo); err != nil {
 		return res, err
 	}
-	if err := expect(lineDone); err != nil {
+	if err := cp.expect(lineDone); err != nil {
 		return res, err
 	}
 	res.CPU = cpuTime() - cpu0
@@ -196,18 +168,9 @@ func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
 	res.Sched = schedLatencies(sched0, schedSample())
 	res.Host = hostShares(host0, readHostTimes())
 
-	line, err := rd.ReadBytes('\n')
-	if err != nil {
-		return res, fmt.Errorf("bench: reading the client's result: %w", err)
-	}
 	var cr ClientResult
-	if err := json.Unmarshal(line, &cr); err != nil {
-		return res, fmt.Errorf("bench: bad client result: %w", err)
-	}
-	_ = stdin.Close()
-	waited = true
-	if err := cmd.Wait(); err != nil {
-		return res, fmt.Errorf("bench: the client process: %w", err)
+	if err := cp.result(&cr); err != nil {
+		return res, err
 	}
 	res.Acked, res.Window, res.Capped, res.Errors = cr.Acked, cr.Window, cr.Capped, cr.Errors
 	res.Latency, res.AckLatency, res.Delivered, res.Missing, res.Reconnects = cr.Latency, cr.AckLatency, cr.Delivered, cr.Missing, cr.Reconnects

@@ -1,19 +1,14 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/url"
-	"os"
-	"os/exec"
 	"runtime"
 	"runtime/debug"
-	"strings"
 	"syscall"
 	"time"
 
@@ -293,31 +288,12 @@ func (e *SSEEnv) RunSSE(ctx context.Context, sc SSEScenario) (res SSEResult, err
 	if err != nil {
 		return res, err
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cmd := exec.CommandContext(cctx, e.clientCmd[0], e.clientCmd[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	cp, err := startClient(ctx, e.clientCmd)
 	if err != nil {
 		return res, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return res, err
-	}
-	if err := cmd.Start(); err != nil {
-		return res, fmt.Errorf("bench: starting the client process: %w", err)
-	}
-	waited := false
-	defer func() {
-		if !waited {
-			cancel()
-			_ = cmd.Wait()
-		}
-	}()
-	rd := bufio.NewReader(stdout)
-	say := func(line string) error { _, err := fmt.Fprintln(stdin, line); return err }
-	expect := func(want string) error { return expectLine(rd, want) }
+	defer cp.stop()
+	say, expect := cp.say, cp.expect
 	if err := say(string(specJSON)); err != nil {
 		return res, err
 	}
@@ -348,17 +324,8 @@ func (e *SSEEnv) RunSSE(ctx context.Context, sc SSEScenario) (res SSEResult, err
 	if err := say(lineEnd); err != nil {
 		return res, err
 	}
-	line, err := rd.ReadBytes('\n')
-	if err != nil {
-		return res, fmt.Errorf("bench: reading the client's result: %w", err)
-	}
-	if err := json.Unmarshal(line, &res.SSEClientResult); err != nil {
-		return res, fmt.Errorf("bench: bad client result: %w", err)
-	}
-	_ = stdin.Close()
-	waited = true
-	if err := cmd.Wait(); err != nil {
-		return res, fmt.Errorf("bench: the client process: %w", err)
+	if err := cp.result(&res.SSEClientResult); err != nil {
+		return res, err
 	}
 	return res, nil
 }
@@ -366,17 +333,6 @@ func (e *SSEEnv) RunSSE(ctx context.Context, sc SSEScenario) (res SSEResult, err
 // lineEnd: the parent has measured; the client closes everything and
 // answers with its result.
 const lineEnd = "end"
-
-func expectLine(rd *bufio.Reader, want string) error {
-	got, err := rd.ReadString('\n')
-	if err != nil || strings.TrimSpace(got) != want {
-		if errors.Is(err, io.EOF) && got == "" {
-			return fmt.Errorf("bench: the client process exited before saying %q; its error is above", want)
-		}
-		return fmt.Errorf("bench: the client process said %q, not %q (%v); its error is above", strings.TrimSpace(got), want, err)
-	}
-	return nil
-}
 
 // settle collects garbage and returns freed memory to the OS, so an RSS
 // reading counts what is live.

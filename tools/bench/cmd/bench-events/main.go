@@ -122,11 +122,11 @@ func run() error {
 		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), env.SynchronousCommit, env.Fsync, env.DBName(), env.Prefix)
 	probe := func(when string) {
 		if l, err := env.CommitLatency(ctx, 100); err == nil {
-			fmt.Printf("PostgreSQL commit latency %s (100 sequential single-row autocommit inserts): p50 %s ms, p99 %s ms\n", when, ms(l.P50), ms(l.P99))
+			fmt.Printf("PostgreSQL commit latency %s (100 sequential single-row autocommit inserts): p50 %s ms, p99 %s ms\n", when, bench.Millis(l.P50), bench.Millis(l.P99))
 		}
 	}
 	probe("at start")
-	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n", loadavg())
+	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n", bench.LoadAvg())
 	fmt.Printf("workload: %d runners × %d events (~200-byte log tails, stage changes explore→propose→apply→archive, diff stats every %dth), %d SSE clients; throughput runs capped at %s\n\n",
 		*runners, *perRunner, *diffEvery, *sseClients, *capFor)
 
@@ -192,18 +192,6 @@ func run() error {
 	fmt.Println("ack: runner send → acknowledgement (new: polled every 1 ms). e2e: runner send → SSE client receive, every client's copy. Unpaced new-design runs send everything at once, so their latency is mostly queueing; the paced run is the latency figure.")
 	fmt.Println("server cpu: the server process (new: Events + Task services and the gateway's SSE handler; baseline: its callback handler and the same SSE handler) user+sys; clients cpu: the client process (runners, SSE clients, delay proxy); pg+redis: local postgres and redis-server processes (approximate). peak rss: VmHWM of the server process, reset per run.")
 	probe("at end")
-	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), loadavg())
+	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), bench.LoadAvg())
 	return nil
 }
-
-// loadavg is the first three fields of /proc/loadavg.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)) }

@@ -115,7 +115,7 @@ func run() error {
 	defer env.Close()
 	fmt.Printf("bench-sse: GOMAXPROCS=%d NumCPU=%d %s; open-file limit %d (each process raises its own with setrlimit when lower than it needs); database %s (dropped at exit), Redis prefix %q\n",
 		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), nofile, env.DBName(), env.Prefix)
-	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n\n", loadavg())
+	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n\n", bench.LoadAvg())
 
 	var scenarios []bench.SSEScenario
 	add := func(sc bench.SSEScenario) {
@@ -149,7 +149,7 @@ func run() error {
 			return fmt.Errorf("%s on %s: %w", sc.Name, sc.Hub, err)
 		}
 		if sc.Kind == bench.KindFanout {
-			fmt.Fprintf(os.Stderr, " %.0f deliveries/s, p99 %s ms, %d lost, %d dup (%.1fs)\n", r.DeliveriesPerSec(), ms(r.Latency.P99), r.Lost, r.Duplicates, time.Since(t0).Seconds())
+			fmt.Fprintf(os.Stderr, " %.0f deliveries/s, p99 %s ms, %d lost, %d dup (%.1fs)\n", r.DeliveriesPerSec(), bench.Millis(r.Latency.P99), r.Lost, r.Duplicates, time.Since(t0).Seconds())
 		} else {
 			fmt.Fprintf(os.Stderr, " %d connected in %.1fs, %.2f server cpu s, %.1f KiB/conn (%.1fs)\n", int64(r.Connections())-r.ConnectFailed, r.Window.Seconds(),
 				r.ServerCPU.Seconds(), r.RSSPerConnKiB(), time.Since(t0).Seconds())
@@ -170,7 +170,7 @@ func run() error {
 	fmt.Println("deliveries/s: events received by all subscribers over the window from the first publish to the last receipt. ack: publish → acknowledgement (taskrunner: the Events service's Ack after the PostgreSQL commit, polled every 20 µs; mercure: the POST's answer after the Bolt write). e2e: publish → receipt, every subscriber's copy.")
 	fmt.Println("server cpu: this process (taskrunner: Events + Task services and the gateway's SSE handler; mercure: the embedded hub) user+sys over the run (idle: the connects); pg+redis: local postgres and redis-server processes (approximate, and shared with anything else on the host); clients cpu: the client process (publishers and subscribers).")
 	fmt.Println("rss/conn: VmRSS growth of this process (after GC and returning freed memory to the OS) from before the connects to with every connection open, ÷ connections. The connect storm is each idle scenario's connect phase.")
-	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), loadavg())
+	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), bench.LoadAvg())
 
 	var bad []string
 	for _, r := range results {
@@ -184,15 +184,3 @@ func run() error {
 	}
 	return nil
 }
-
-// loadavg is the first three fields of /proc/loadavg.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)) }
