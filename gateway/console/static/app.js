@@ -551,6 +551,8 @@ function showTask(id) {
     if (st.terminalSeen) {
       closeStream("ended");
       load(); // the authoritative final state (trace id, PR number …)
+    } else if (name === "status_change") {
+      load(); // a run started or ended: its row (state, diff, cost) comes from REST
     }
   }
 
