@@ -136,8 +136,14 @@ func Goals(results []Result) []Verdict {
 
 // WriteGoals prints PASS/FAIL per goal.
 func WriteGoals(w io.Writer, results []Result) bool {
+	return writeVerdicts(w, Goals(results))
+}
+
+// writeVerdicts prints PASS, FAIL or NOT RUN per goal and reports whether
+// none failed.
+func writeVerdicts(w io.Writer, verdicts []Verdict) bool {
 	ok := true
-	for _, v := range Goals(results) {
+	for _, v := range verdicts {
 		state := "NOT RUN"
 		switch {
 		case v.Run && v.Pass:

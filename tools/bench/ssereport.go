@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 )
 
@@ -137,16 +136,5 @@ func SSEGoals(results []SSEResult) []Verdict {
 
 // WriteSSEGoals prints PASS/FAIL per goal and reports whether all passed.
 func WriteSSEGoals(w io.Writer, results []SSEResult) bool {
-	ok := true
-	for _, v := range SSEGoals(results) {
-		state := "NOT RUN"
-		switch {
-		case v.Run && v.Pass:
-			state = "PASS"
-		case v.Run:
-			state, ok = "FAIL", false
-		}
-		fmt.Fprintf(w, "%-7s %s: %s\n", state, v.Goal, strings.TrimSpace(v.Measured))
-	}
-	return ok
+	return writeVerdicts(w, SSEGoals(results))
 }
