@@ -51,7 +51,11 @@ const (
 	runCount     = `SELECT coalesce(max(number), 0) FROM task_runs WHERE task_id = $1`
 	insertRun    = `INSERT INTO task_runs (task_id, number, trigger, prompt, requested_by, request_id) VALUES ($1, $2, $3, $4, $5, nullif($6, ''))`
 	nextPending  = `SELECT number, trigger, prompt, requested_by FROM task_runs WHERE task_id = $1 AND number > $2 AND started_at IS NULL ORDER BY number LIMIT 1`
-	startRun     = `UPDATE tasks SET run = $2, status = $3, stage = '', last_seq = 0, failed_reason = '',
+	// A run's usage and diff stats start at zero: the task row holds the
+	// current run's (what its runner or the model proxy reports), the
+	// timeline every run's (Runs adds them up).
+	startRun = `UPDATE tasks SET run = $2, status = $3, stage = '', last_seq = 0, failed_reason = '',
+	cost_usd = 0, tokens_in = 0, tokens_out = 0, additions = 0, deletions = 0, files_changed = 0,
 	queued_at = CASE WHEN $3 = 'queued' THEN now() ELSE queued_at END, updated_at = now()
 WHERE id = $1 RETURNING ` + taskColumns
 	markRunStarted = `UPDATE task_runs SET started_at = now(), state = 'running' WHERE task_id = $1 AND number = $2`
