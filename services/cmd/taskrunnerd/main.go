@@ -27,6 +27,7 @@ import (
 	ptel "github.com/taskrunner/taskrunner/platform/telemetry"
 	"github.com/taskrunner/taskrunner/services/config"
 	"github.com/taskrunner/taskrunner/services/store"
+	"github.com/taskrunner/taskrunner/services/task"
 	"github.com/taskrunner/taskrunner/services/telemetry"
 )
 
@@ -235,23 +236,18 @@ func metricsMux(tel *telemetry.Telemetry) http.Handler {
 
 // taskMetrics publishes the number of tasks in each status, read at scrape time.
 func taskMetrics(pool *pgxpool.Pool) error {
+	tasks := task.NewStore(pool)
 	_, err := otel.Meter("github.com/taskrunner/taskrunner/services/task").Int64ObservableGauge("taskrunner.tasks",
 		metric.WithDescription("Tasks by status"),
 		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
-			rows, err := pool.Query(ctx, `SELECT status, count(*) FROM tasks GROUP BY status`)
+			counts, err := tasks.CountByStatus(ctx)
 			if err != nil {
 				return err
 			}
-			defer rows.Close()
-			for rows.Next() {
-				var st string
-				var n int64
-				if err := rows.Scan(&st, &n); err != nil {
-					return err
-				}
-				o.Observe(n, metric.WithAttributes(attribute.String("status", st)))
+			for st, n := range counts {
+				o.Observe(n, metric.WithAttributes(attribute.String("status", string(st))))
 			}
-			return rows.Err()
+			return nil
 		}))
 	return err
 }

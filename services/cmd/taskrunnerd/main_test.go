@@ -47,6 +47,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		"TASKRUNNER_SERVICES":          "task,billing",
 		"TASKRUNNER_LOG_LEVEL":         "loud",
 		"TASKRUNNER_EVENTS_COMMITTERS": "0",
+		// One liveness setting for Events' Welcome and the reaper, in whole
+		// seconds because runners are told it in seconds.
+		"TASKRUNNER_HEARTBEAT_INTERVAL": "1500ms",
 	}
 	for name, val := range cases {
 		t.Run(name, func(t *testing.T) {
