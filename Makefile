@@ -79,10 +79,26 @@ test: check-go npm build jaeger chromium agent-access bubblewrap
 	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/test.env
 	source $(DEV)/test.env && TASKRUNNER_REQUIRE_SERVICES=1 TASKRUNNER_REQUIRE_AGENTS=1 TASKRUNNER_BIN_DIR=$(abspath $(BIN)) \
 	  $(GO) test -count=1 -timeout 30m $(PKGS)
-	# The one redactor's fuzz targets, briefly (module boundaries, GOWORK=off
-	# builds and tidiness are checked by tools/modcheck, part of PKGS).
-	$(GO) test -run '^$$' -fuzz '^FuzzRedact$$' -fuzztime 10s ./platform/redact/
-	$(GO) test -run '^$$' -fuzz '^FuzzClean$$' -fuzztime 10s ./platform/redact/
+	# Every fuzz target, briefly, beyond its seed corpus (module boundaries,
+	# GOWORK=off builds and tidiness are checked by tools/modcheck, in PKGS).
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+	  echo "fuzz $$fn ($$pkg, $(FUZZTIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
+
+# package:FuzzTarget for every fuzz target; `make fuzz FUZZTIME=5m` runs
+# each for longer.
+FUZZTIME ?= 3s
+FUZZ_TARGETS := ./platform/redact/:FuzzRedact ./platform/redact/:FuzzClean ./platform/redact/:FuzzTruncate \
+  ./platform/eventwire/:FuzzMessageRoundTrip ./platform/eventwire/:FuzzDecodeMessage ./platform/eventwire/:FuzzDecodeEvent \
+  ./gateway/sse/:FuzzAppendFrame ./gateway/sse/:FuzzParseLastEventID ./gateway/httperr/:FuzzTruncate \
+  ./runner/eventsclient/:FuzzSplitLines ./runner/eventsclient/:FuzzFitEvent \
+  ./services/task/:FuzzCursor ./services/events/:FuzzPageToken
+
+.PHONY: fuzz
+fuzz: check-go
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+	  echo "fuzz $$fn ($$pkg, $(FUZZTIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 lint: check-go
 	$(GO) tool buf lint
