@@ -51,33 +51,104 @@ func main() {
 }
 
 func run() error {
-	cfg, err := config.Load()
+	cfg, logger, err := loadConfig()
 	if err != nil {
 		return err
 	}
-	if err := cfg.Validate(); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var cl closers
+	defer cl.close()
+	metricsPage, err := setupTelemetry(ctx, &cl)
+	if err != nil {
 		return err
+	}
+	conns, err := dialServices(cfg, &cl)
+	if err != nil {
+		return err
+	}
+	stream, err := newSSE(cfg, conns, logger, &cl)
+	if err != nil {
+		return err
+	}
+	extra, err := browserRoutes(stream, conns)
+	if err != nil {
+		return err
+	}
+	unlimited, err := unlimitedRoutes(cfg, conns, logger, metricsPage, &cl)
+	if err != nil {
+		return err
+	}
+	var corsCfg rest.CORS // TASKRUNNER_CORS_ORIGINS; off when empty
+	if err := env.Parse(&corsCfg); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	h, err := rest.Handler(ctx, rest.Options{Task: conns.task, Events: conns.events, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
+		Extra: extra, Unlimited: unlimited, CORS: corsCfg})
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, logger, h, stream)
+}
+
+// closers run last-in, first-out when run returns (what defer did when
+// run was one function).
+type closers []func()
+
+func (c *closers) add(f func()) { *c = append(*c, f) }
+
+func (c *closers) close() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+}
+
+// loadConfig reads and checks the configuration and makes the logger.
+func loadConfig() (config.Gateway, *slog.Logger, error) {
+	cfg, err := config.Load()
+	if err != nil {
+		return cfg, nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, nil, err
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return fmt.Errorf("TASKRUNNER_LOG_LEVEL: %w", err)
+		return cfg, nil, fmt.Errorf("TASKRUNNER_LOG_LEVEL: %w", err)
 	}
-	logger := slog.New(telemetry.Handler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// /metrics is a Prometheus text page over the SDK's reader: the gateway
-	// links no Prometheus client (platform/telemetry.MetricsPage).
+	return cfg, slog.New(telemetry.Handler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))), nil
+}
+
+// setupTelemetry starts tracing and metrics; /metrics is a Prometheus text
+// page over the SDK's reader: the gateway links no Prometheus client
+// (platform/telemetry.MetricsPage).
+func setupTelemetry(ctx context.Context, cl *closers) (*telemetry.MetricsPage, error) {
 	metricsPage := telemetry.NewMetricsPage()
 	tel, err := telemetry.Setup(ctx, "gateway", telemetry.WithMetricReader(metricsPage.Reader()))
 	if err != nil {
-		return fmt.Errorf("telemetry (OTEL_* variables): %w", err)
+		return nil, fmt.Errorf("telemetry (OTEL_* variables): %w", err)
 	}
-	defer func() {
+	cl.add(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = tel.Shutdown(sctx)
-	}()
-	clientTel := grpc.WithStatsHandler(otelgrpc.NewClientHandler())
+	})
+	return metricsPage, nil
+}
+
+// services are the gateway's connections to taskrunnerd, and the dial
+// options any further connection uses.
+type services struct {
+	task, events *grpc.ClientConn
+	dial         []grpc.DialOption
+}
+
+// dialServices opens the connections to TaskService and EventsService.
+func dialServices(cfg config.Gateway, cl *closers) (services, error) {
+	transport, err := transportCredentials()
+	if err != nil {
+		return services{}, err
+	}
 	// Reconnect to a restarted taskrunnerd within 1 s: gRPC's default
 	// backoff (1 s growing to 120 s) left REST and /readyz failing up to
 	// ~30 s after taskrunnerd listened again after a 45 s outage. Capped at
@@ -88,95 +159,100 @@ func run() error {
 		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 800 * time.Millisecond},
 		MinConnectTimeout: 2 * time.Second,
 	})
-	transport, err := transportCredentials()
-	if err != nil {
-		return err
+	sv := services{dial: []grpc.DialOption{grpc.WithTransportCredentials(transport), grpc.WithStatsHandler(otelgrpc.NewClientHandler()), reconnect}}
+	if sv.task, err = grpc.NewClient(cfg.TaskAddr, sv.dial...); err != nil {
+		return sv, fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
 	}
-
-	taskConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel, reconnect)
-	if err != nil {
-		return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
-	}
-	defer taskConn.Close()
-	eventsConn := taskConn
+	cl.add(func() { _ = sv.task.Close() })
+	sv.events = sv.task
 	if cfg.EventsAddr != cfg.TaskAddr {
-		if eventsConn, err = grpc.NewClient(cfg.EventsAddr, grpc.WithTransportCredentials(transport), clientTel, reconnect); err != nil {
-			return fmt.Errorf("TASKRUNNER_EVENTS_ADDR: %w", err)
+		events, err := grpc.NewClient(cfg.EventsAddr, sv.dial...)
+		if err != nil {
+			return sv, fmt.Errorf("TASKRUNNER_EVENTS_ADDR: %w", err)
 		}
-		defer eventsConn.Close()
+		sv.events = events
+		cl.add(func() { _ = events.Close() })
 	}
+	return sv, nil
+}
+
+// newSSE starts the SSE handler on Redis. It calls the services with the
+// caller's own token (never the webhook's internal one).
+func newSSE(cfg config.Gateway, sv services, logger *slog.Logger, cl *closers) (*sse.Handler, error) {
 	ropts, err := redis.ParseURL(cfg.RedisURL)
 	if err != nil {
-		return fmt.Errorf("TASKRUNNER_REDIS_URL: %w", err)
+		return nil, fmt.Errorf("TASKRUNNER_REDIS_URL: %w", err)
 	}
 	rdb := redis.NewClient(ropts)
-	defer rdb.Close()
-	// SSE calls the services with the caller's own token (never the
-	// webhook's internal one).
+	cl.add(func() { _ = rdb.Close() })
 	stream, err := sse.New(sse.Config{RedisPrefix: cfg.RedisPrefix, Heartbeat: cfg.SSEHeartbeat, ClientQueue: cfg.SSEClientQueue,
 		WriteTimeout: cfg.SSEWriteTimeout, StatusInterval: cfg.SSEStatusInterval},
-		taskrunnerv1.NewTaskServiceClient(taskConn), taskrunnerv1.NewEventsServiceClient(eventsConn), rdb, logger)
+		taskrunnerv1.NewTaskServiceClient(sv.task), taskrunnerv1.NewEventsServiceClient(sv.events), rdb, logger)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer stream.Close()
+	cl.add(stream.Close)
 	// Open streams, subscribed channels, bytes queued, clients cut off.
 	if err := stream.RegisterMetrics(otel.Meter("github.com/taskrunner/taskrunner/gateway/sse")); err != nil {
-		return err
+		return nil, err
 	}
+	return stream, nil
+}
+
+// browserRoutes are the SSE and console routes, served beside REST.
+func browserRoutes(stream *sse.Handler, sv services) (map[string]http.Handler, error) {
 	var consoleCfg console.Config
 	if err := env.Parse(&consoleCfg); err != nil {
-		return fmt.Errorf("configuration: %w", err)
+		return nil, fmt.Errorf("configuration: %w", err)
 	}
-	cons, err := console.New(consoleCfg, taskrunnerv1.NewTaskServiceClient(taskConn))
+	cons, err := console.New(consoleCfg, taskrunnerv1.NewTaskServiceClient(sv.task))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	extra := stream.Routes()
 	for p, h := range cons.Routes() {
 		extra[p] = h
 	}
-	// The webhook has its own body limit (GitHub deliveries can exceed the
-	// API's), so it is mounted outside the REST body limit and CORS, like
-	// the metrics.
+	return extra, nil
+}
+
+// unlimitedRoutes are mounted outside the REST body limit and CORS: the
+// metrics, and the webhook, which has its own body limit (GitHub
+// deliveries can exceed the API's).
+func unlimitedRoutes(cfg config.Gateway, sv services, logger *slog.Logger, metricsPage http.Handler, cl *closers) (map[string]http.Handler, error) {
 	unlimited := map[string]http.Handler{"GET /metrics": metricsPage}
 	var whCfg webhook.Config
 	if err := env.Parse(&whCfg); err != nil {
-		return fmt.Errorf("configuration: %w", err)
+		return nil, fmt.Errorf("configuration: %w", err)
 	}
 	if whCfg.Secret == "" {
 		logger.Warn("TASKRUNNER_GITHUB_WEBHOOK_SECRET is not set: POST " + webhook.Path + " is disabled")
-	} else {
-		if cfg.InternalToken == "" {
-			return fmt.Errorf("TASKRUNNER_GATEWAY_INTERNAL_TOKEN: required with TASKRUNNER_GITHUB_WEBHOOK_SECRET (create one with `taskctl token create --owner gateway --scopes internal`)")
-		}
-		whConn, err := grpc.NewClient(cfg.TaskAddr, grpc.WithTransportCredentials(transport), clientTel, reconnect,
-			grpc.WithPerRPCCredentials(rpcauth.BearerToken(cfg.InternalToken)))
-		if err != nil {
-			return fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
-		}
-		defer whConn.Close()
-		// Follow-ups from reviews and comments: TaskService starts them, and
-		// GitHubTokenService (same address: taskrunnerd) reads GitHub.
-		whTasks := taskrunnerv1.NewTaskServiceClient(whConn)
-		cp := webhook.ControlPlane{Tasks: whTasks, GitHub: taskrunnerv1.NewGitHubTokenServiceClient(whConn)}
-		wh, err := webhook.New(whCfg, whTasks, logger, webhook.WithFollowUps(webhook.FollowUpDeps{Runs: cp, Permissions: cp, PullRequests: cp}))
-		if err != nil {
-			return err
-		}
-		unlimited["POST "+webhook.Path] = wh
+		return unlimited, nil
 	}
-	var corsCfg rest.CORS // TASKRUNNER_CORS_ORIGINS; off when empty
-	if err := env.Parse(&corsCfg); err != nil {
-		return fmt.Errorf("configuration: %w", err)
+	if cfg.InternalToken == "" {
+		return nil, fmt.Errorf("TASKRUNNER_GATEWAY_INTERNAL_TOKEN: required with TASKRUNNER_GITHUB_WEBHOOK_SECRET (create one with `taskctl token create --owner gateway --scopes internal`)")
 	}
-	h, err := rest.Handler(ctx, rest.Options{Task: taskConn, Events: eventsConn, MaxBodyBytes: cfg.MaxBodyBytes, Logger: logger,
-		Extra: extra, Unlimited: unlimited, CORS: corsCfg})
+	whConn, err := grpc.NewClient(cfg.TaskAddr, append(sv.dial, grpc.WithPerRPCCredentials(rpcauth.BearerToken(cfg.InternalToken)))...)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("TASKRUNNER_TASK_ADDR: %w", err)
 	}
-	// otelhttp: one server span per request, continuing the caller's W3C
-	// trace context; health, readiness and metrics stay out of traces.
+	cl.add(func() { _ = whConn.Close() })
+	// Follow-ups from reviews and comments: TaskService starts them, and
+	// GitHubTokenService (same address: taskrunnerd) reads GitHub.
+	whTasks := taskrunnerv1.NewTaskServiceClient(whConn)
+	cp := webhook.ControlPlane{Tasks: whTasks, GitHub: taskrunnerv1.NewGitHubTokenServiceClient(whConn)}
+	wh, err := webhook.New(whCfg, whTasks, logger, webhook.WithFollowUps(webhook.FollowUpDeps{Runs: cp, Permissions: cp, PullRequests: cp}))
+	if err != nil {
+		return nil, err
+	}
+	unlimited["POST "+webhook.Path] = wh
+	return unlimited, nil
+}
+
+// serve traces every request (one server span each, continuing the
+// caller's W3C trace context; health, readiness and metrics stay out) and
+// serves until ctx ends, then shuts down within the configured timeout.
+func serve(ctx context.Context, cfg config.Gateway, logger *slog.Logger, h http.Handler, stream *sse.Handler) error {
 	traced := otelhttp.NewHandler(namedByRoute(h), "gateway", otelhttp.WithFilter(func(r *http.Request) bool {
 		switch r.URL.Path {
 		case "/healthz", "/readyz", "/metrics":
