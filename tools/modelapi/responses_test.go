@@ -171,8 +171,8 @@ func TestResponsesStreamsScriptedTurns(t *testing.T) {
 
 	reqs := srv.Requests()
 	require.Len(t, reqs, 2)
-	require.Equal(t, Request{Method: "POST", Path: "/v1/responses", Stage: "propose", Turn: 0, Status: 200, Stream: true, Prompt: "$openspec-propose add-x"}, reqs[0])
-	require.Equal(t, Request{Method: "POST", Path: "/v1/responses", Stage: "propose", Turn: 1, Status: 200, Prompt: "$openspec-propose add-x"}, reqs[1])
+	require.Equal(t, Request{Method: "POST", Path: "/v1/responses", Stage: "propose", Turn: 0, Status: 200, Stream: true, Prompt: "$openspec-propose add-x", InputTokens: 11, OutputTokens: 22}, reqs[0])
+	require.Equal(t, Request{Method: "POST", Path: "/v1/responses", Stage: "propose", Turn: 1, Status: 200, Prompt: "$openspec-propose add-x", InputTokens: 11, OutputTokens: 22}, reqs[1])
 }
 
 func TestResponsesErrors(t *testing.T) {

@@ -359,8 +359,8 @@ func TestServerStreamsScriptedTurns(t *testing.T) {
 
 	reqs := srv.Requests()
 	require.Len(t, reqs, 2)
-	require.Equal(t, Request{Method: "POST", Path: "/v1/messages?beta=true", Stage: "write", Turn: 0, Status: 200, Stream: true, Prompt: "/opsx:propose add-x"}, reqs[0])
-	require.Equal(t, Request{Method: "POST", Path: "/v1/messages", Stage: "write", Turn: 1, Status: 200, Prompt: "/opsx:propose add-x"}, reqs[1])
+	require.Equal(t, Request{Method: "POST", Path: "/v1/messages?beta=true", Stage: "write", Turn: 0, Status: 200, Stream: true, Prompt: "/opsx:propose add-x", InputTokens: 11, OutputTokens: 22}, reqs[0])
+	require.Equal(t, Request{Method: "POST", Path: "/v1/messages", Stage: "write", Turn: 1, Status: 200, Prompt: "/opsx:propose add-x", InputTokens: 11, OutputTokens: 22}, reqs[1])
 }
 
 func TestServerUnscriptedAndErrors(t *testing.T) {
