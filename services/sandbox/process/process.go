@@ -288,6 +288,19 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandb
 	}
 	dir := p.dir(id)
 	work := filepath.Join(dir, "work")
+	// A Dispatch killed between starting the runner and recording it left a
+	// live sandbox without a state file: adopt it rather than start a
+	// second runner for the task.
+	if pid, ok := sessionIn(work); ok {
+		tick, _ := startTick(pid)
+		s := &state{ID: id, PID: pid, StartTick: tick, Labels: spec.AllLabels(), CreatedAt: time.Now().UTC(),
+			Deadline: spec.Deadline, Isolated: p.bwrap != ""}
+		if err := p.writeState(s); err != nil {
+			return sandbox.Sandbox{}, err
+		}
+		p.log.Info("sandbox adopted", "sandbox_id", id, "task_id", spec.TaskID, "pid", pid)
+		return p.toSandbox(s), nil
+	}
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return sandbox.Sandbox{}, err
 	}
@@ -561,4 +574,34 @@ func anyAlive(procs []procRef) bool {
 		}
 	}
 	return false
+}
+
+// sessionIn finds a live process that leads its own session with work as
+// its working directory: a runner this provider started (Setsid, Dir =
+// work) whose state file was never written.
+func sessionIn(work string) (int, bool) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+		if err != nil || cwd != work {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		// After the command: state, ppid, pgrp, session.
+		if len(f) > 3 && f[3] == e.Name() && f[0] != "Z" {
+			return pid, true
+		}
+	}
+	return 0, false
 }

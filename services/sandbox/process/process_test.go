@@ -370,3 +370,29 @@ func procsOf(taskID string) []int {
 	}
 	return out
 }
+
+// TestCreateAdoptsARunnerStartedBeforeACrash: Dispatch was killed after
+// starting a task's runner and before recording it (no state file). The
+// next Create finds the live runner and adopts it: one runner per task.
+func TestCreateAdoptsARunnerStartedBeforeACrash(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "sandboxes")
+	bin := fakeRunner(t)
+	p := newProvider(t, root, bin, "never")
+	ctx := context.Background()
+	spec := sandbox.Spec{TaskID: "6f1c1c9e-9d7e-4a39-9d0e-3b8f0b1c2d3e", Owner: "alice", Deadline: time.Now().Add(time.Hour)}
+	sb, err := p.Create(ctx, spec)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return readStarts(root, sb.ID) == 1 }, 10*time.Second, 20*time.Millisecond)
+	// The crash: the state file was never written.
+	require.NoError(t, os.Remove(p.statePath(sb.ID)))
+
+	restarted := newProvider(t, root, bin, "never")
+	again, err := restarted.Create(ctx, spec)
+	require.NoError(t, err)
+	require.Equal(t, sb.ID, again.ID)
+	got, err := restarted.Get(ctx, sb.ID)
+	require.NoError(t, err)
+	require.Equal(t, sandbox.StateRunning, got.State, "the adopted runner is the sandbox")
+	require.Never(t, func() bool { return readStarts(root, sb.ID) > 1 }, 500*time.Millisecond, 50*time.Millisecond, "no second runner")
+	require.NoError(t, restarted.Destroy(ctx, sb.ID))
+}
