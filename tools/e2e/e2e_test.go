@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -35,11 +36,50 @@ func repoRoot(t *testing.T) string {
 	return dir
 }
 
+// freePort picks a port that is free now, below the kernel's ephemeral
+// range (32768 and up): a port the kernel handed out (":0") can be handed
+// again to some process's outgoing connection before the stack binds it,
+// which made a busy machine's stack fail with "address already in use".
 func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	t.Helper()
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		if usedPorts.Load(port) {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		usedPorts.Store(port)
+		return strconv.Itoa(port)
+	}
+	t.Fatal("no free port below the ephemeral range")
+	return ""
+}
+
+// usedPorts remembers the ports this test process handed out already.
+var usedPorts portSet
+
+type portSet struct {
+	mu sync.Mutex
+	m  map[int]bool
+}
+
+func (p *portSet) Load(port int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m[port]
+}
+
+func (p *portSet) Store(port int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[int]bool{}
+	}
+	p.m[port] = true
 }
 
 // binaries returns a directory holding every binary, building what is

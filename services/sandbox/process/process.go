@@ -154,7 +154,7 @@ var runnerCaps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FS
 // so other tasks' directories do not exist inside, and only the task's own
 // workspace mounted back writable. PID, IPC and UTS namespaces are
 // private; the network is kept (the runner dials the control plane).
-func (p *Provider) bwrapArgs(work string, argv []string) []string {
+func (p *Provider) bwrapArgs(work string, argv []string, path ...string) []string {
 	args := []string{
 		"--ro-bind", "/", "/",
 		"--dev", "/dev",
@@ -178,6 +178,11 @@ func (p *Provider) bwrapArgs(work string, argv []string) []string {
 		if b, err := filepath.EvalSymlinks(b); err == nil {
 			args = append(args, "--ro-bind", b, b)
 		}
+	}
+	// So may the agent CLIs on the sandbox's PATH (a checkout under /tmp:
+	// node_modules/.bin links into node_modules, which goes back whole).
+	for _, dir := range hiddenPathDirs(path) {
+		args = append(args, "--ro-bind", dir, dir)
 	}
 	if os.Geteuid() == 0 {
 		args = append(args, "--cap-drop", "ALL")
@@ -319,7 +324,11 @@ func (p *Provider) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandb
 	name := argv[0]
 	args := argv[1:]
 	if p.bwrap != "" {
-		name, args = p.bwrap, p.bwrapArgs(work, argv)
+		path := spec.Env["PATH"]
+		if path == "" {
+			path = os.Getenv("PATH") // what envList gives the runner
+		}
+		name, args = p.bwrap, p.bwrapArgs(work, argv, filepath.SplitList(path)...)
 	}
 	logf, err := os.OpenFile(filepath.Join(dir, "runner.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -604,4 +613,34 @@ func sessionIn(work string) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// hiddenPathDirs are the directories of path that the sandbox's private
+// /tmp and /var/tmp would hide, to mount back read-only: a node_modules/.bin
+// entry brings back its node_modules, whose packages its links point into.
+func hiddenPathDirs(path []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, d := range path {
+		if !filepath.IsAbs(d) {
+			continue
+		}
+		d = filepath.Clean(d)
+		if !strings.HasPrefix(d, "/tmp/") && !strings.HasPrefix(d, "/var/tmp/") {
+			continue
+		}
+		if filepath.Base(d) == ".bin" && filepath.Base(filepath.Dir(d)) == "node_modules" {
+			d = filepath.Dir(d)
+		}
+		real, err := filepath.EvalSymlinks(d)
+		if err != nil || seen[real] {
+			continue
+		}
+		if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
+			continue
+		}
+		seen[real] = true
+		out = append(out, real)
+	}
+	return out
 }

@@ -396,3 +396,16 @@ func TestCreateAdoptsARunnerStartedBeforeACrash(t *testing.T) {
 	require.Never(t, func() bool { return readStarts(root, sb.ID) > 1 }, 500*time.Millisecond, 50*time.Millisecond, "no second runner")
 	require.NoError(t, restarted.Destroy(ctx, sb.ID))
 }
+
+func TestHiddenPathDirs(t *testing.T) {
+	root, err := os.MkdirTemp("/tmp", "pathdirs-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	bin := filepath.Join(root, "node_modules", ".bin")
+	require.NoError(t, os.MkdirAll(bin, 0o755))
+	other := filepath.Join(root, "tools")
+	require.NoError(t, os.MkdirAll(other, 0o755))
+	got := hiddenPathDirs([]string{"/usr/bin", bin, other, bin, "relative", filepath.Join(root, "missing")})
+	require.Equal(t, []string{filepath.Join(root, "node_modules"), other}, got,
+		"only what /tmp would hide, node_modules whole, once each")
+}
