@@ -182,6 +182,11 @@ func (p *Provider) bwrapArgs(work string, argv []string, path ...string) []strin
 	// So may the agent CLIs on the sandbox's PATH (a checkout under /tmp:
 	// node_modules/.bin links into node_modules, which goes back whole).
 	for _, dir := range hiddenPathDirs(path) {
+		// bwrap would make the missing parents 0700: the unprivileged agent
+		// could not reach the binaries.
+		for _, parent := range parentsBelowTmp(dir) {
+			args = append(args, "--perms", "0755", "--dir", parent)
+		}
 		args = append(args, "--ro-bind", dir, dir)
 	}
 	if os.Geteuid() == 0 {
@@ -641,6 +646,16 @@ func hiddenPathDirs(path []string) []string {
 		}
 		seen[real] = true
 		out = append(out, real)
+	}
+	return out
+}
+
+// parentsBelowTmp lists dir's ancestors below /tmp or /var/tmp, outermost
+// first (for /tmp/a/b/c: /tmp/a, /tmp/a/b).
+func parentsBelowTmp(dir string) []string {
+	var out []string
+	for d := filepath.Dir(dir); d != "/tmp" && d != "/var/tmp" && d != "/" && d != "."; d = filepath.Dir(d) {
+		out = append([]string{d}, out...)
 	}
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -408,4 +409,20 @@ func TestHiddenPathDirs(t *testing.T) {
 	got := hiddenPathDirs([]string{"/usr/bin", bin, other, bin, "relative", filepath.Join(root, "missing")})
 	require.Equal(t, []string{filepath.Join(root, "node_modules"), other}, got,
 		"only what /tmp would hide, node_modules whole, once each")
+	require.Equal(t, []string{"/tmp/a", "/tmp/a/b"}, parentsBelowTmp("/tmp/a/b/node_modules"))
+	require.Empty(t, parentsBelowTmp("/tmp/a"))
+
+	// Inside the sandbox the agent user can reach them (bwrap alone would
+	// make the parents 0700).
+	if !bwrapUsable(t) || os.Geteuid() != 0 {
+		return
+	}
+	tool := filepath.Join(bin, "tool")
+	require.NoError(t, os.WriteFile(tool, []byte("#!/bin/sh\necho reached\n"), 0o755))
+	require.NoError(t, os.Chmod(root, 0o755))
+	p := newProvider(t, filepath.Join(t.TempDir(), "sandboxes"), "/bin/true", "auto")
+	args := p.bwrapArgs(t.TempDir(), []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", tool}, bin)
+	out, err := exec.Command(p.bwrap, args...).CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Contains(t, string(out), "reached")
 }
