@@ -169,25 +169,33 @@ func (p *Provider) bwrapArgs(work string, argv []string, path ...string) []strin
 		"--bind", work, work,
 	}
 	// The runner (and an explicit command) may live under a path hidden
-	// above, as in tests; mount it back read-only.
+	// above, as in tests, and so may the agent CLIs on the sandbox's PATH
+	// (a checkout under /tmp: node_modules/.bin links into node_modules,
+	// which goes back whole): mount them back read-only.
+	var binds []string
 	bins := []string{p.cfg.RunnerBin}
 	if filepath.IsAbs(argv[0]) {
 		bins = append(bins, argv[0])
 	}
 	for _, b := range bins {
 		if b, err := filepath.EvalSymlinks(b); err == nil {
-			args = append(args, "--ro-bind", b, b)
+			binds = append(binds, b)
 		}
 	}
-	// So may the agent CLIs on the sandbox's PATH (a checkout under /tmp:
-	// node_modules/.bin links into node_modules, which goes back whole).
-	for _, dir := range hiddenPathDirs(path) {
-		// bwrap would make the missing parents 0700: the unprivileged agent
-		// could not reach the binaries.
-		for _, parent := range parentsBelowTmp(dir) {
-			args = append(args, "--perms", "0755", "--dir", parent)
+	binds = append(binds, hiddenPathDirs(path)...)
+	// bwrap makes the missing parents of a bind 0700: the unprivileged
+	// agent could not reach what is below. Make them 0755 first.
+	made := map[string]bool{}
+	for _, b := range binds {
+		for _, parent := range parentsBelowTmp(b) {
+			if !made[parent] {
+				made[parent] = true
+				args = append(args, "--perms", "0755", "--dir", parent)
+			}
 		}
-		args = append(args, "--ro-bind", dir, dir)
+	}
+	for _, b := range binds {
+		args = append(args, "--ro-bind", b, b)
 	}
 	if os.Geteuid() == 0 {
 		args = append(args, "--cap-drop", "ALL")
@@ -653,6 +661,9 @@ func hiddenPathDirs(path []string) []string {
 // parentsBelowTmp lists dir's ancestors below /tmp or /var/tmp, outermost
 // first (for /tmp/a/b/c: /tmp/a, /tmp/a/b).
 func parentsBelowTmp(dir string) []string {
+	if !strings.HasPrefix(dir, "/tmp/") && !strings.HasPrefix(dir, "/var/tmp/") {
+		return nil
+	}
 	var out []string
 	for d := filepath.Dir(dir); d != "/tmp" && d != "/var/tmp" && d != "/" && d != "."; d = filepath.Dir(d) {
 		out = append([]string{d}, out...)

@@ -411,6 +411,7 @@ func TestHiddenPathDirs(t *testing.T) {
 		"only what /tmp would hide, node_modules whole, once each")
 	require.Equal(t, []string{"/tmp/a", "/tmp/a/b"}, parentsBelowTmp("/tmp/a/b/node_modules"))
 	require.Empty(t, parentsBelowTmp("/tmp/a"))
+	require.Empty(t, parentsBelowTmp("/work/main/.dev/bin/runner"), "only what the private /tmp hides")
 
 	// Inside the sandbox the agent user can reach them (bwrap alone would
 	// make the parents 0700).
@@ -420,7 +421,12 @@ func TestHiddenPathDirs(t *testing.T) {
 	tool := filepath.Join(bin, "tool")
 	require.NoError(t, os.WriteFile(tool, []byte("#!/bin/sh\necho reached\n"), 0o755))
 	require.NoError(t, os.Chmod(root, 0o755))
-	p := newProvider(t, filepath.Join(t.TempDir(), "sandboxes"), "/bin/true", "auto")
+	// The runner binary in the same hidden tree, bound first (as in a
+	// checkout under /tmp: .dev/bin/runner beside node_modules).
+	runnerBin := filepath.Join(root, ".dev", "bin", "runner")
+	require.NoError(t, os.MkdirAll(filepath.Dir(runnerBin), 0o755))
+	require.NoError(t, os.WriteFile(runnerBin, []byte("#!/bin/sh\n"), 0o755))
+	p := newProvider(t, filepath.Join(t.TempDir(), "sandboxes"), runnerBin, "auto")
 	args := p.bwrapArgs(t.TempDir(), []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", tool}, bin)
 	out, err := exec.Command(p.bwrap, args...).CombinedOutput()
 	require.NoError(t, err, string(out))
