@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/platform/redact"
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
 
 // MaxEventBytes is the largest event the Events service accepts by default, measured the way

@@ -12,9 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/proc"
-	"github.com/taskrunner/taskrunner/platform/redact"
 )
 
 // MaxBytes is the largest archive (compressed) the control plane stores.

@@ -11,9 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/agent/claude"
-	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/session"
 )
 

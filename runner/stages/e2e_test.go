@@ -19,11 +19,11 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/agent/claude"
 	"github.com/taskrunner/taskrunner/runner/agent/codex"
 	"github.com/taskrunner/taskrunner/runner/proc"
-	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
 	"github.com/taskrunner/taskrunner/runner/stages"
 	"github.com/taskrunner/taskrunner/runner/workspace"

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/taskrunner/taskrunner/runner/eventsclient"
 	"github.com/taskrunner/taskrunner/platform/redact"
+	"github.com/taskrunner/taskrunner/runner/eventsclient"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )

@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/taskrunner/taskrunner/platform/redact"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/pr"
-	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
 )
 

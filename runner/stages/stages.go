@@ -14,10 +14,10 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/taskrunner/taskrunner/platform/redact"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/agent"
 	"github.com/taskrunner/taskrunner/runner/pr"
-	"github.com/taskrunner/taskrunner/platform/redact"
 	"github.com/taskrunner/taskrunner/runner/repotoken"
 	"github.com/taskrunner/taskrunner/runner/workspace"
 )

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	"github.com/taskrunner/taskrunner/services/errs"
 )
 
@@ -225,7 +226,7 @@ func (s *Store) Runs(ctx context.Context, t *Task) error {
 }
 
 func decodeDiff(b []byte) DiffStats {
-	e, err := eventwireDecode(b)
+	e, err := eventwire.DecodeEvent(b)
 	if err != nil {
 		return DiffStats{}
 	}
@@ -234,7 +235,7 @@ func decodeDiff(b []byte) DiffStats {
 }
 
 func decodeUsage(b []byte) Usage {
-	e, err := eventwireDecode(b)
+	e, err := eventwire.DecodeEvent(b)
 	if err != nil {
 		return Usage{}
 	}

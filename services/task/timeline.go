@@ -218,5 +218,3 @@ func (tx *Tx) Lock(ctx context.Context, id string) (Task, error) {
 	}
 	return t, err
 }
-
-var eventwireDecode = eventwire.DecodeEvent

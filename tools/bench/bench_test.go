@@ -17,8 +17,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/platform/eventwire"
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
 
 // clientEnv makes this test binary the benchmark's client process (see

@@ -21,9 +21,9 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 	"github.com/taskrunner/taskrunner/runner/eventsclient"
-	"github.com/taskrunner/taskrunner/platform/eventwire"
 )
 
 // RunSSEClient is bench-sse's client process. The parent and the child
