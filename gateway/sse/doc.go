@@ -21,6 +21,12 @@
 // should. The replay starts after the Last-Event-ID header (what EventSource
 // sends when it reconnects) or the last_event_id query parameter.
 //
+// A stream that has caught up parks: its connection is taken over from
+// net/http and written by its task's writer goroutine without a goroutine
+// of its own (writer.go, conn.go); it gets one back whenever it needs to
+// wait (a slow client), to read the log (a gap, a resubscription) or to
+// check its task. Streams over HTTP/2 keep their goroutine.
+//
 // It must not read PostgreSQL (the gateway has no database credentials),
 // must not link the services (it speaks to them over gRPC and reads the
 // wire format from platform/eventwire), must not open a Redis connection

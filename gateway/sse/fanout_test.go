@@ -3,6 +3,7 @@ package sse_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -100,4 +101,85 @@ func TestRevokedTokenIsRefusedWithinTheTTL(t *testing.T) {
 	require.Empty(t, open.events(t))
 	require.Less(t, time.Since(revoked), ttl+5*time.Second)
 	require.Equal(t, taskrunnerv1.TaskStatus_TASK_STATUS_RUNNING, e.taskStatus(t, id), "the task itself goes on")
+}
+
+// TestCaughtUpStreamsPark: streams that have caught up hand their
+// connections to their task's writer (no goroutine each), still get every
+// live event once and in order in both views, park again after a burst,
+// and a client that leaves a parked stream is noticed at once, without
+// waiting for a heartbeat to fail.
+func TestCaughtUpStreamsPark(t *testing.T) {
+	e := newEnv(t, sse.Config{Heartbeat: time.Hour}, envOptions{})
+	id := e.runningTask(t, "alice")
+	tok := e.token(t, "alice")
+	n0 := len(e.timeline(t, id))
+	const full, seed = 20, 5
+	var fulls, seeds []*client
+	for range full {
+		fulls = append(fulls, e.open(t, eventsPath(id), tok, after(n0)))
+	}
+	for range seed {
+		seeds = append(seeds, e.open(t, seedPath(id), tok, after(n0)))
+	}
+	require.Eventually(t, func() bool { return e.h.Parked() == full+seed }, 10*time.Second, time.Millisecond)
+
+	// Bursts of various sizes: each pass of the writer sends whatever
+	// arrived since the last in one write per stream.
+	next := int64(1)
+	for _, burst := range []int{1, 7, 64, 3} {
+		e.emit(t, id, logs(next, burst)...)
+		tl := e.timeline(t, id)
+		want := tl[len(tl)-burst:]
+		for _, c := range fulls {
+			checkMessages(t, c.take(t, burst), want)
+		}
+		for _, c := range seeds {
+			got := c.take(t, burst)
+			for i, m := range got {
+				require.Equal(t, "log", m.event)
+				require.Equal(t, want[i].GetSeq(), m.id)
+			}
+		}
+		next += int64(burst)
+		require.Eventually(t, func() bool { return e.h.Parked() == full+seed }, 10*time.Second, time.Millisecond, "parked again")
+	}
+
+	// A client goes: its parked stream ends within a moment (the heartbeat
+	// is an hour away).
+	require.NoError(t, fulls[0].resp.Body.Close())
+	require.Eventually(t, func() bool { return e.h.Subscribers() == full+seed-1 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, int64(full+seed-1), e.h.Parked())
+
+	// The final event ends every parked stream cleanly.
+	e.advance(t, id, task.Advance{Status: task.StatusCancelled, FailedReason: "enough", Actor: task.UserActor("alice")})
+	tl := e.timeline(t, id)
+	for _, c := range fulls[1:] {
+		checkMessages(t, c.events(t), tl[len(tl)-1:])
+	}
+	for _, c := range seeds {
+		got := c.events(t)
+		require.NotEmpty(t, got)
+		require.Equal(t, tl[len(tl)-1].GetSeq(), got[len(got)-1].id)
+	}
+	require.Eventually(t, func() bool { return e.h.Subscribers() == 0 }, 5*time.Second, time.Millisecond)
+	require.Zero(t, e.h.Parked())
+	require.Zero(t, e.h.QueuedBytes())
+}
+
+// TestParkedStreamsGetHeartbeats: a parked stream with nothing to say still
+// gets a ping every heartbeat.
+func TestParkedStreamsGetHeartbeats(t *testing.T) {
+	e := newEnv(t, sse.Config{Heartbeat: 20 * time.Millisecond}, envOptions{})
+	id := e.runningTask(t, "alice")
+	c := e.open(t, eventsPath(id), e.token(t, "alice"), nil)
+	c.take(t, len(e.timeline(t, id)))
+	require.Eventually(t, func() bool { return e.h.Parked() == 1 }, 10*time.Second, time.Millisecond)
+	start := time.Now()
+	for range 5 {
+		m, err := c.next()
+		require.NoError(t, err)
+		require.Equal(t, "ping", strings.TrimSpace(m.comment))
+	}
+	require.Less(t, time.Since(start), 2*time.Second)
+	require.Equal(t, int64(1), e.h.Parked())
 }

@@ -47,12 +47,14 @@ func encodeFrame(dst []byte, e *taskrunnerv1.Event) ([]byte, error) {
 const (
 	dropSlow     = "client too slow: it fell a whole ring behind"
 	dropShutdown = "gateway shutting down"
+	dropGone     = "client closed the connection"
 )
 
 // watcher is one SSE connection's view of the hub: a position in its
 // topic's ring, and a wake-up signal. It holds no queue of its own.
 type watcher struct {
 	wake chan struct{} // capacity 1: frames, a resync or the drop await
+	s    *stream       // the stream it feeds
 
 	// Guarded by the hub's mu.
 	next     uint64 // ring position of the next frame to read
@@ -60,6 +62,9 @@ type watcher struct {
 	resync   bool   // the subscription was re-established: replay
 	topic    *topic // set by join
 	reason   string // why the hub dropped the watcher
+	parked   bool   // the topic's writer owns the stream (see writer.go)
+	check    bool   // a status check wants the parked stream back on a goroutine
+	pinged   uint64 // the heartbeat round of the last write while parked
 
 	dropped atomic.Bool // set (after reason) when the hub drops the watcher
 
@@ -70,8 +75,15 @@ type watcher struct {
 	done bool
 }
 
-func newWatcher(cut func()) *watcher {
-	return &watcher{wake: make(chan struct{}, 1), cut: cut}
+func newWatcher(s *stream, cut func()) *watcher {
+	return &watcher{wake: make(chan struct{}, 1), s: s, cut: cut}
+}
+
+// setCut replaces the cut (the connection was taken over).
+func (w *watcher) setCut(cut func()) {
+	w.mu.Lock()
+	w.cut = cut
+	w.mu.Unlock()
 }
 
 // signal wakes the watcher's stream (never blocks).
@@ -113,6 +125,10 @@ type topic struct {
 	head  uint64   // positions appended so far
 	tail  uint64   // oldest position still held (older slots are nil)
 	bytes uint64   // frame bytes appended so far
+
+	parked  int  // watchers whose streams the writer owns
+	writing bool // the writer goroutine runs
+	pingDue bool // a heartbeat round began: the writer pings idle parked streams
 }
 
 // hub multiplexes every SSE connection of the process over one Redis
@@ -133,6 +149,8 @@ type hub struct {
 	closed  bool
 
 	cutSlow atomic.Int64 // watchers dropped for being too slow, ever
+	round   uint64       // heartbeat rounds so far (guarded by mu)
+	mon     *monitor     // tells when the client of a taken-over connection leaves
 
 	wg sync.WaitGroup
 }
@@ -145,6 +163,12 @@ func newHub(rdb redis.UniversalClient, prefix string, ringSize int, log *slog.Lo
 		prefix: prefix, ringSize: ringSize, log: log,
 		topics: map[string]*topic{}, pending: map[string]int{},
 	}
+	mon, err := newMonitor()
+	if err != nil {
+		// Departed clients are then noticed by their next failed write.
+		log.Warn("sse: no close monitor", "error", err)
+	}
+	h.mon = mon
 	// ChannelWithSubscriptions also yields the confirmations we wait for
 	// and the resubscriptions after a reconnect. Our reader never blocks,
 	// so the go-redis buffer (which drops messages after a send timeout)
@@ -196,8 +220,11 @@ func (h *hub) confirmed(channel string) {
 		t.readyAt = time.Now()
 		for w := range t.watchers {
 			w.resync = true
-			w.signal()
+			if !w.parked {
+				w.signal()
+			}
 		}
+		h.kickLocked(t) // the writer gives its streams back to replay
 	}
 }
 
@@ -234,7 +261,9 @@ func (h *hub) deliver(m *redis.Message) {
 			continue
 		}
 		minNext = min(minNext, w.next)
-		w.signal()
+		if !w.parked {
+			w.signal()
+		}
 	}
 	// Let go of the frames every watcher has read.
 	for ; t.tail < minNext; t.tail++ {
@@ -247,6 +276,85 @@ func (h *hub) deliver(m *redis.Message) {
 	if t.head-t.tail > size {
 		t.tail = t.head - size
 	}
+	h.kickLocked(t)
+}
+
+// park hands w's stream to its topic's writer if it has read every frame
+// and nothing else needs its goroutine; on true the caller's goroutine must
+// not touch the stream again.
+func (h *hub) park(w *watcher) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := w.topic
+	if h.closed || t == nil || w.reason != "" || w.resync || w.check || w.next != t.head {
+		return false
+	}
+	if _, ok := t.watchers[w]; !ok {
+		return false
+	}
+	w.parked, w.pinged = true, h.round
+	t.parked++
+	return true
+}
+
+// gone drops w: its client closed the connection (the close monitor).
+func (h *hub) gone(taskID string, w *watcher) {
+	channel := eventwire.Channel(h.prefix, taskID)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if t := h.topics[channel]; t != nil {
+		if _, ok := t.watchers[w]; ok {
+			h.dropLocked(channel, t, w, dropGone)
+		}
+	}
+}
+
+// heartbeat begins a heartbeat round: each topic's writer pings its parked
+// streams that have written nothing since the round before.
+func (h *hub) heartbeat() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.round++
+	for _, t := range h.topics {
+		if t.parked > 0 {
+			t.pingDue = true
+			h.kickLocked(t)
+		}
+	}
+}
+
+// parkedStreams lists one parked stream per token and task (for the status
+// checks).
+func (h *hub) parkedStreams() map[taskKey]*stream {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[taskKey]*stream{}
+	for _, t := range h.topics {
+		for w := range t.watchers {
+			if w.parked {
+				out[taskKey{w.s.tok, w.s.taskID}] = w.s
+			}
+		}
+	}
+	return out
+}
+
+// recheck gives every parked stream of key back to a goroutine that checks
+// the task's status first.
+func (h *hub) recheck(key taskKey) {
+	channel := eventwire.Channel(h.prefix, key.task)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := h.topics[channel]
+	if t == nil {
+		return
+	}
+	for w := range t.watchers {
+		if w.parked && w.s.tok == key.token {
+			w.check = true
+		}
+	}
+	h.kickLocked(t)
 }
 
 // read appends to dst the frames w has not read yet (at most cap(dst)),
@@ -374,20 +482,41 @@ func (h *hub) unsubscribeIfIdleLocked(channel string, t *topic) {
 	}
 }
 
-// dropLocked removes w with a reason and unblocks its writer.
+// dropLocked removes w with a reason and unblocks its writer: a parked
+// stream is ended, a stream on its own goroutine is cut (its write fails
+// and it ends).
 func (h *hub) dropLocked(channel string, t *topic, w *watcher, reason string) {
 	delete(t.watchers, w)
 	w.reason = reason
 	w.dropped.Store(true)
 	w.signal()
 	h.unsubscribeIfIdleLocked(channel, t)
+	parked := w.parked
+	if parked {
+		h.unparkLocked(t, w)
+	}
 	// The handler may be blocked writing to that client; cutting happens
 	// off the fan-out path so it can never slow anyone else.
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		w.cutOff()
+		if parked {
+			w.s.end(errors.New(reason))
+		} else {
+			w.cutOff()
+		}
 	}()
+}
+
+// parkedCount is the number of parked streams (no goroutine of their own).
+func (h *hub) parkedCount() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var n int64
+	for _, t := range h.topics {
+		n += int64(t.parked)
+	}
+	return n
 }
 
 // channels is the number of task channels currently subscribed.
@@ -404,17 +533,28 @@ func (h *hub) close() {
 		h.mu.Unlock()
 		return
 	}
+	var parked []*watcher
 	for channel, t := range h.topics {
 		for w := range t.watchers {
 			delete(t.watchers, w)
 			w.reason = dropShutdown
 			w.dropped.Store(true)
 			w.signal()
+			if w.parked {
+				h.unparkLocked(t, w)
+				parked = append(parked, w)
+			}
 		}
 		delete(h.topics, channel)
 	}
 	h.closed = true
 	h.mu.Unlock()
+	// Parked streams end here, before close returns (their clients see
+	// the end now); the others end on their goroutines.
+	for _, w := range parked {
+		w.s.end(errEnded)
+	}
 	_ = h.ps.Close()
 	h.wg.Wait()
+	h.mon.close()
 }

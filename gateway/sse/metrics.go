@@ -2,6 +2,11 @@ package sse
 
 import (
 	"context"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 
 	"go.opentelemetry.io/otel/metric"
 )
@@ -14,22 +19,36 @@ func (h *Handler) CutOff() int64 { return h.hub.cutSlow.Load() }
 // ring; the frames themselves are held once per task).
 func (h *Handler) QueuedBytes() int64 { return h.hub.queued() }
 
+// Parked is the number of open streams that have caught up and have no
+// goroutine of their own: their topic's writer writes to them.
+func (h *Handler) Parked() int64 { return h.hub.parkedCount() }
+
 // RegisterMetrics reports the handler's gauges on meter, for the gateway's
 // /metrics: taskrunner.sse.subscribers (open streams),
+// taskrunner.sse.parked (of them, those without a goroutine),
 // taskrunner.sse.channels (task channels subscribed in Redis),
-// taskrunner.sse.queued_bytes (see QueuedBytes) and the counter
-// taskrunner.sse.cut_off (clients cut off for being too slow).
+// taskrunner.sse.queued_bytes (see QueuedBytes), the counter
+// taskrunner.sse.cut_off (clients cut off for being too slow), and the
+// process's own cost, to divide by the open streams: its resident memory
+// (taskrunner.process.resident_memory, Linux), CPU time
+// (taskrunner.process.cpu_time, user+system) and goroutines
+// (taskrunner.process.goroutines).
 func (h *Handler) RegisterMetrics(meter metric.Meter) error {
-	subs, err := meter.Int64ObservableGauge("taskrunner.sse.subscribers", metric.WithDescription("Open SSE streams"))
-	if err != nil {
-		return err
+	var err error
+	gauge := func(name, unit, desc string) metric.Int64ObservableGauge {
+		if err != nil {
+			return nil
+		}
+		var g metric.Int64ObservableGauge
+		g, err = meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		return g
 	}
-	chans, err := meter.Int64ObservableGauge("taskrunner.sse.channels", metric.WithDescription("Task channels the SSE hub has subscribed in Redis"))
-	if err != nil {
-		return err
-	}
-	queued, err := meter.Int64ObservableGauge("taskrunner.sse.queued_bytes", metric.WithUnit("By"),
-		metric.WithDescription("Bytes of live SSE frames not yet written to their clients, summed over open streams"))
+	subs := gauge("taskrunner.sse.subscribers", "{stream}", "Open SSE streams")
+	parked := gauge("taskrunner.sse.parked", "{stream}", "Open SSE streams without a goroutine of their own (caught up; written by their task's writer)")
+	chans := gauge("taskrunner.sse.channels", "{channel}", "Task channels the SSE hub has subscribed in Redis")
+	queued := gauge("taskrunner.sse.queued_bytes", "By", "Bytes of live SSE frames not yet written to their clients, summed over open streams")
+	rss := gauge("taskrunner.process.resident_memory", "By", "Resident memory of the gateway process (divide by taskrunner.sse.subscribers for the cost of a stream)")
+	gor := gauge("taskrunner.process.goroutines", "{goroutine}", "Goroutines of the gateway process")
 	if err != nil {
 		return err
 	}
@@ -37,12 +56,43 @@ func (h *Handler) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	cpu, err := meter.Float64ObservableCounter("taskrunner.process.cpu_time", metric.WithUnit("s"),
+		metric.WithDescription("CPU time (user+system) of the gateway process"))
+	if err != nil {
+		return err
+	}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(subs, h.Subscribers())
+		o.ObserveInt64(parked, h.Parked())
 		o.ObserveInt64(chans, int64(h.Channels()))
 		o.ObserveInt64(queued, h.QueuedBytes())
 		o.ObserveInt64(cut, h.CutOff())
+		if b, ok := residentBytes(); ok {
+			o.ObserveInt64(rss, b)
+		}
+		o.ObserveInt64(gor, int64(runtime.NumGoroutine()))
+		var ru syscall.Rusage
+		if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+			o.ObserveFloat64(cpu, float64(ru.Utime.Nano()+ru.Stime.Nano())/1e9)
+		}
 		return nil
-	}, subs, chans, queued, cut)
+	}, subs, parked, chans, queued, cut, rss, gor, cpu)
 	return err
+}
+
+// residentBytes reads the process's resident set size (Linux: /proc).
+func residentBytes() (int64, bool) {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0, false
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return pages * int64(os.Getpagesize()), true
 }

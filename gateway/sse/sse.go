@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"log/slog"
@@ -67,6 +68,9 @@ type Handler struct {
 	mux    *http.ServeMux
 
 	subscribers atomic.Int64
+	stop        chan struct{} // ends maintain
+	stopOnce    sync.Once
+	maintained  sync.WaitGroup
 
 	// beforeReplay, when set (tests only), runs after the subscription is
 	// confirmed and before the replay starts.
@@ -91,7 +95,54 @@ func New(cfg Config, tasks taskrunnerv1.TaskServiceClient, events taskrunnerv1.E
 	}
 	h.hub = newHub(rdb, h.cfg.RedisPrefix, h.cfg.ClientQueue, logger)
 	h.look = newLookups(h.cfg.AuthTTL, subscribeTimeout)
+	h.stop = make(chan struct{})
+	h.maintained.Go(h.maintain)
 	return h, nil
+}
+
+// maintain does for parked streams (which have no goroutine) what each
+// stream's goroutine does for itself: heartbeats (a round every half
+// Heartbeat; a parked stream that wrote nothing for a whole round is
+// pinged) and status checks, one GetTask per token and task every
+// StatusInterval.
+func (h *Handler) maintain() {
+	hb := time.NewTicker(h.cfg.Heartbeat / 2)
+	defer hb.Stop()
+	st := time.NewTicker(h.cfg.StatusInterval)
+	defer st.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-hb.C:
+			h.hub.heartbeat()
+		case <-st.C:
+			h.checkParked()
+		}
+	}
+}
+
+// checkParked gives the parked streams of a task that finished, is gone or
+// whose token no longer reads it back to goroutines that end them.
+func (h *Handler) checkParked() {
+	for key, s := range h.hub.parkedStreams() {
+		select {
+		case <-h.stop:
+			return
+		default:
+		}
+		tk, err := h.look.task(s.ctx, h.tasks, key.token, key.task)
+		switch status.Code(err) {
+		case codes.OK:
+			if !eventwire.TerminalStatus(tk.GetStatus()) {
+				continue
+			}
+		case codes.NotFound, codes.Unauthenticated, codes.PermissionDenied:
+		default:
+			continue // the stream's own check logs transient failures
+		}
+		h.hub.recheck(key)
+	}
 }
 
 // Routes maps each route pattern to h, for rest.Options.Extra.
@@ -111,7 +162,11 @@ func (h *Handler) Channels() int { return h.hub.channels() }
 // Close ends every stream (clients reconnect with Last-Event-ID, to another
 // gateway if this one is going away) and closes the Redis connection. It
 // is idempotent. Wire it with http.Server.RegisterOnShutdown.
-func (h *Handler) Close() { h.hub.close() }
+func (h *Handler) Close() {
+	h.stopOnce.Do(func() { close(h.stop) })
+	h.maintained.Wait()
+	h.hub.close()
+}
 
 // token returns the caller's bearer token: the Authorization header, or
 // the access_token query parameter, which exists because a browser's
@@ -208,24 +263,18 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, v view) {
 		return
 	}
 
-	c := &stream{h: h, w: w, rc: http.NewResponseController(w), ctx: ctx, tok: tokHash, taskID: taskID, view: v, last: after, sent: after}
+	c := &stream{h: h, w: w, rc: http.NewResponseController(w), ctx: ctx, md: md, tok: tokHash, taskID: taskID,
+		cursor: cursor{view: v, last: after, sent: after}}
 	if after > 0 {
 		// Resuming: the stage the task is in now is the best guess of the
 		// stage at after (status_change frames carry it).
 		c.seed.stage = shortStage(tk.GetStage())
 	}
-	defer func() {
-		if c.watcher != nil {
-			c.watcher.finish()
-		}
-		// net/http keeps a connection's deadline for its next request when
-		// the server has no WriteTimeout of its own.
-		_ = c.rc.SetWriteDeadline(time.Time{})
-	}()
 	if !finished {
 		// Subscribe before the replay, so nothing committed in between is
 		// missed; a finished task publishes nothing more.
-		c.watcher = newWatcher(func() { _ = c.rc.SetWriteDeadline(time.Now()) })
+		c.takeOver = canTakeOver(w, r)
+		c.watcher = newWatcher(c, func() { _ = c.rc.SetWriteDeadline(time.Now()) })
 		jctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
 		var j joined
 		j, err = h.hub.join(jctx, taskID, c.watcher)
@@ -236,16 +285,14 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, v view) {
 			writeError(w, status.New(codes.Unavailable, "live events are unavailable; retry later"))
 			return
 		}
-		defer h.hub.leave(taskID, c.watcher)
 	} else {
 		c.subscribed = time.Now() // the task is over: any page from now on is whole
 	}
 	h.subscribers.Add(1)
-	defer h.subscribers.Add(-1)
-
-	if err := c.run(); err != nil && !errors.Is(err, context.Canceled) {
-		h.log.InfoContext(ctx, "sse: stream ended early", "task_id", taskID, "last_seq", c.last, "error", err)
+	if err := c.run(); !errors.Is(err, errParked) {
+		c.end(err)
 	}
+	// Parked: the connection is the topic writer's now (see writer.go).
 }
 
 // legacyMatches checks the legacy path's repository and branch against the
@@ -262,33 +309,55 @@ func legacyMatches(r *http.Request, tk *taskrunnerv1.Task) bool {
 	return strings.EqualFold(repo, tk.GetRepo()) && (branch == tk.GetBaseBranch() || branch == tk.GetHeadBranch())
 }
 
-// errEnded: the hub dropped the stream (slow client or shutdown); the
-// client may reconnect.
+// errEnded: the hub dropped the stream (slow client, client gone or
+// shutdown); the client may reconnect.
 var errEnded = errors.New("sse: stream ended by the hub")
+
+// errParked: the stream caught up and its topic's writer took it over; the
+// goroutine that ran it must let go of it.
+var errParked = errors.New("sse: stream parked")
 
 // stream is one open SSE connection.
 type stream struct {
-	h       *Handler
-	w       http.ResponseWriter
-	rc      *http.ResponseController
-	ctx     context.Context // carries the caller's token to the services
-	tok     tokenHash
-	taskID  string
-	view    view
-	seed    seedView
-	last    int64    // highest seq processed; only strictly greater ones follow
-	sent    int64    // highest seq written as an id (viewFull: always last)
+	h      *Handler
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	ctx    context.Context // carries the caller's token to the services
+	md     metadata.MD     // the caller's token and request id, for ctx once the request is over
+	tok    tokenHash
+	taskID string
+	cursor // the position in the timeline (the writer's while parked)
+
 	watcher *watcher // nil for a task that had finished when it connected
-	buf     []byte   // from bufPool while a burst is written, nil between
+	buf     []byte   // from bufPool while a burst is rendered, nil between
+
+	// takeOver: the connection can be taken over (HTTP/1.x), and then the
+	// stream parks whenever it catches up; conn is the taken-over
+	// connection and bw its pooled write buffer while a burst is written.
+	takeOver bool
+	conn     *liveConn
+	bw       *bufio.Writer
+
+	// Set by the writer when it hands the stream back (resume): bytes it
+	// could not write without blocking (then the end, if endAfterPending),
+	// a status check to run first, or why the stream must end.
+	pending         []byte
+	endAfterPending bool
+	checkNow        bool
+	endErr          error
 
 	subscribed time.Time // replay pages fetched after it may be shared (see lookups)
 	seen       int64     // the highest seq the hub had seen when the stream joined
 	deadline   time.Time // the connection's write deadline
+	ended      atomic.Bool
 }
 
-// bufPool holds the buffers streams render frames into: an idle stream
-// holds none.
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+// bufPool holds the buffers streams render frames into, bwPool the write
+// buffers of taken-over connections: an idle stream holds neither.
+var (
+	bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+	bwPool  = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+)
 
 // buffer returns the stream's render buffer, emptied, from the pool.
 func (c *stream) buffer() []byte {
@@ -309,20 +378,24 @@ func (c *stream) release() {
 
 // run writes the stream: headers, replay after c.last, then, for a task
 // that had not finished when the connection was authorised, live events
-// until the final one.
+// until the final one (or until it parks: errParked).
 func (c *stream) run() error {
 	hd := c.w.Header()
 	hd.Set("Content-Type", "text/event-stream")
 	hd.Set("Cache-Control", "no-cache")
 	hd.Set("X-Accel-Buffering", "no")
+	if c.takeOver {
+		// No chunking, and the connection closes at the end (conn.go).
+		hd.Set("Transfer-Encoding", "identity")
+	}
 	c.w.WriteHeader(http.StatusOK)
-	defer c.release()
 	b := append(c.buffer(), "retry: "...)
 	b = strconv.AppendInt(b, c.h.cfg.Retry.Milliseconds(), 10)
 	b = append(b, "\n\n"...)
 	if err := c.send(b); err != nil {
 		return err
 	}
+	c.release()
 	if c.h.beforeReplay != nil {
 		c.h.beforeReplay(c.taskID)
 	}
@@ -343,13 +416,27 @@ func (c *stream) run() error {
 		// (written before status_change existed): the replay was all of it.
 		return c.finish(nil)
 	}
+	return c.follow()
+}
 
+// follow writes live events from the ring until the final one, parking
+// the stream whenever it has caught up (errParked).
+func (c *stream) follow() error {
+	if c.checkNow {
+		c.checkNow = false
+		if ended, err := c.checkStatus(); ended || err != nil {
+			return c.finish(err)
+		}
+	}
 	heartbeat := time.NewTicker(c.h.cfg.Heartbeat)
 	defer heartbeat.Stop()
 	check := time.NewTicker(c.h.cfg.StatusInterval)
 	defer check.Stop()
 	var batch [64]*frame
 	for {
+		if err := c.park(); err != nil {
+			return err
+		}
 		select {
 		case <-c.watcher.wake:
 			frames, resync, dropped := c.h.hub.read(c.watcher, batch[:0])
@@ -375,7 +462,7 @@ func (c *stream) run() error {
 				}
 			}
 			clear(batch[:len(frames)])
-			if err := c.rc.Flush(); err != nil {
+			if err := c.flush(); err != nil {
 				return err
 			}
 			c.release()
@@ -393,6 +480,105 @@ func (c *stream) run() error {
 	}
 }
 
+// park takes the connection over (the first time) and hands the stream to
+// its topic's writer if it has caught up: errParked. A connection that
+// cannot be taken over keeps its goroutine.
+func (c *stream) park() error {
+	if !c.takeOver {
+		return nil
+	}
+	if c.conn == nil {
+		if err := c.flush(); err != nil {
+			return err
+		}
+		lc, err := takeOver(c.rc)
+		if err != nil {
+			c.takeOver = false
+			c.h.log.WarnContext(c.ctx, "sse: cannot take the connection over", "task_id", c.taskID, "error", err)
+			return nil
+		}
+		c.conn = lc
+		c.deadline = time.Time{} // hijacking cleared it
+		c.watcher.setCut(func() { _ = lc.setDeadline(time.Now()) })
+		// The request is over for net/http: its context ends when this
+		// handler returns, and nothing of it should be kept.
+		c.ctx = metadata.NewOutgoingContext(context.Background(), c.md)
+		if lc.raw == nil {
+			c.takeOver = false // not a socket: writes stay on this goroutine
+			return nil
+		}
+		if err := c.h.hub.mon.add(lc, func() { c.h.hub.gone(c.taskID, c.watcher) }); err != nil {
+			c.h.log.WarnContext(c.ctx, "sse: cannot watch the connection for its close", "task_id", c.taskID, "error", err)
+		}
+	}
+	c.release()
+	if !c.deadline.IsZero() {
+		// The writer's writes never block; a passed deadline would refuse them.
+		if err := c.conn.setDeadline(time.Time{}); err != nil {
+			return err
+		}
+		c.deadline = time.Time{}
+	}
+	if c.h.hub.park(c.watcher) {
+		return errParked
+	}
+	return nil
+}
+
+// resume runs a stream the topic's writer handed back (see writer.go) on a
+// goroutine until it parks again or ends.
+func (c *stream) resume() {
+	var err error
+	if len(c.pending) > 0 {
+		c.arm()
+		_, err = c.conn.nc.Write(c.pending)
+		c.pending = nil
+		if err == nil && c.endAfterPending {
+			c.end(nil)
+			return
+		}
+	}
+	if err == nil {
+		c.watcher.signal() // read the ring now
+		if err = c.follow(); errors.Is(err, errParked) {
+			return
+		}
+	}
+	c.end(err)
+}
+
+// end ends the stream once, whoever notices first: it leaves the hub,
+// closes a taken-over connection and stops counting the stream.
+func (c *stream) end(err error) {
+	if !c.ended.CompareAndSwap(false, true) {
+		return
+	}
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, errEnded) {
+		c.h.log.InfoContext(c.ctx, "sse: stream ended early", "task_id", c.taskID, "last_seq", c.last, "error", err)
+	}
+	if c.watcher != nil {
+		if c.conn == nil {
+			c.watcher.finish()
+		}
+		c.h.hub.leave(c.taskID, c.watcher)
+	}
+	c.release()
+	if c.conn != nil {
+		if c.bw != nil {
+			c.bw.Reset(nil)
+			bwPool.Put(c.bw)
+			c.bw = nil
+		}
+		c.h.hub.mon.remove(c.conn)
+		_ = c.conn.nc.Close()
+	} else {
+		// net/http keeps a connection's deadline for its next request when
+		// the server has no WriteTimeout of its own.
+		_ = c.rc.SetWriteDeadline(time.Time{})
+	}
+	c.h.subscribers.Add(-1)
+}
+
 // finish ends a stream that reached its end (err == nil): it writes what
 // the view still owes the client and flushes.
 func (c *stream) finish(err error) error {
@@ -400,15 +586,14 @@ func (c *stream) finish(err error) error {
 		return err
 	}
 	if c.view == viewSeed {
-		c.buf = c.seed.end(c.buffer(), c.last, c.sent)
+		c.buf = c.appendEnd(c.buffer())
 		if len(c.buf) > 0 {
 			if err := c.write(c.buf); err != nil {
 				return err
 			}
-			c.sent = c.last
 		}
 	}
-	return c.rc.Flush()
+	return c.flush()
 }
 
 // live writes one live frame (without flushing); ended is true after the
@@ -446,16 +631,39 @@ func (c *stream) live(f *frame) (ended bool, err error) {
 
 // writeSeed writes e in the seed view; ended is true after the final event.
 func (c *stream) writeSeed(e *taskrunnerv1.Event) (ended bool, err error) {
-	var wrote bool
-	c.buf, wrote = c.seed.append(c.buffer(), e)
-	if wrote {
+	c.buf, ended = c.appendSeed(c.buffer(), e)
+	if len(c.buf) > 0 {
 		if err := c.write(c.buf); err != nil {
 			return false, err
 		}
-		c.sent = e.GetSeq()
 	}
-	c.last = e.GetSeq()
-	return eventwire.Final(e), nil
+	return ended, nil
+}
+
+// appendSeed renders e in the seed view and advances cur; ended is true
+// after the final event.
+func (cur *cursor) appendSeed(dst []byte, e *taskrunnerv1.Event) (out []byte, ended bool) {
+	var wrote bool
+	dst, wrote = cur.seed.append(dst, e)
+	if wrote {
+		cur.sent = e.GetSeq()
+	}
+	cur.last = e.GetSeq()
+	return dst, eventwire.Final(e)
+}
+
+// appendEnd renders what the view owes a client whose stream ends here
+// (the seed view's end; nothing for viewFull).
+func (cur *cursor) appendEnd(dst []byte) []byte {
+	if cur.view != viewSeed {
+		return dst
+	}
+	n := len(dst)
+	dst = cur.seed.end(dst, cur.last, cur.sent)
+	if len(dst) > n {
+		cur.sent = cur.last
+	}
+	return dst
 }
 
 // checkStatus is the safety net of a task that finished without a final
@@ -516,7 +724,7 @@ func (c *stream) replay() (ended bool, err error) {
 				return true, nil
 			}
 		}
-		if err := c.rc.Flush(); err != nil {
+		if err := c.flush(); err != nil {
 			return false, err
 		}
 		c.release()
@@ -532,7 +740,7 @@ func (c *stream) send(b []byte) error {
 	if err := c.write(b); err != nil {
 		return err
 	}
-	return c.rc.Flush()
+	return c.flush()
 }
 
 // arm gives the writes and the flush that follow, together, at least half
@@ -546,7 +754,11 @@ func (c *stream) arm() {
 		return
 	}
 	c.deadline = now.Add(c.h.cfg.WriteTimeout)
-	_ = c.rc.SetWriteDeadline(c.deadline)
+	if c.conn != nil {
+		_ = c.conn.setDeadline(c.deadline)
+	} else {
+		_ = c.rc.SetWriteDeadline(c.deadline)
+	}
 }
 
 // write buffers b (a full buffer writes through) under the deadline of the
@@ -556,6 +768,29 @@ func (c *stream) write(b []byte) error {
 	if c.watcher != nil && c.watcher.dropped.Load() {
 		return errEnded
 	}
+	if c.conn != nil {
+		if c.bw == nil {
+			c.bw = bwPool.Get().(*bufio.Writer)
+			c.bw.Reset(c.conn.nc)
+		}
+		_, err := c.bw.Write(b)
+		return err
+	}
 	_, err := c.w.Write(b)
+	return err
+}
+
+// flush sends what write buffered.
+func (c *stream) flush() error {
+	if c.conn == nil {
+		return c.rc.Flush()
+	}
+	if c.bw == nil {
+		return nil
+	}
+	err := c.bw.Flush()
+	c.bw.Reset(nil)
+	bwPool.Put(c.bw)
+	c.bw = nil
 	return err
 }

@@ -365,6 +365,17 @@ func TestEndToEnd(t *testing.T) {
 	// The stream stays open through awaiting_review.
 	evs := until(t, stream, func(e sseEvent) bool { return statusTo(e) == "TASK_STATUS_AWAITING_REVIEW" })
 	require.NotEmpty(t, evs)
+	// Caught up, the stream parks: the real gateway's middleware (tracing,
+	// REST error shape, CORS) lets its connection be taken over.
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(s.api + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return metricValue(t, string(b), "taskrunner_sse_parked") >= 1
+	}, 10*time.Second, 50*time.Millisecond, "no parked SSE stream in the gateway's /metrics")
 	var stages []string
 	var lastDiff map[string]any
 	prev := 0

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -55,6 +56,7 @@ func run() error {
 	hubs := flag.String("hubs", "taskrunner,mercure", "hubs to measure: taskrunner, mercure or both")
 	verbose := flag.Bool("v", false, "log warnings of the servers and clients to stderr")
 	clientMode := flag.Bool("client", false, "internal: be the client process of one scenario (spec on stdin, result on stdout)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the server process over the whole run to this file")
 	flag.Parse()
 
 	level := slog.LevelError
@@ -68,6 +70,17 @@ func run() error {
 		return bench.RunSSEClient(ctx, os.Stdin, os.Stdout, logger.With("process", "clients"))
 	}
 
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	subs, err := parseInts("subs", *subsFlag)
 	if err != nil {
 		return err
