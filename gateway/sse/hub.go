@@ -63,6 +63,7 @@ type watcher struct {
 	topic    *topic // set by join
 	reason   string // why the hub dropped the watcher
 	parked   bool   // the topic's writer owns the stream (see writer.go)
+	idx      int    // its index in the topic's list of parked watchers
 	check    bool   // a status check wants the parked stream back on a goroutine
 	pinged   uint64 // the heartbeat round of the last write while parked
 
@@ -126,9 +127,9 @@ type topic struct {
 	tail  uint64   // oldest position still held (older slots are nil)
 	bytes uint64   // frame bytes appended so far
 
-	parked  int  // watchers whose streams the writer owns
-	writing bool // the writer goroutine runs
-	pingDue bool // a heartbeat round began: the writer pings idle parked streams
+	parked  []*watcher // watchers whose streams the writer owns, in the writer's round-robin order
+	pos     int        // where the writer's next chunk starts in parked
+	writing bool       // the writer goroutine runs
 }
 
 // hub multiplexes every SSE connection of the process over one Redis
@@ -258,6 +259,7 @@ func (h *hub) deliver(m *redis.Message) {
 			// Its next unread frame is the one this one overwrites.
 			h.dropLocked(m.Channel, t, w, dropSlow)
 			h.cutSlow.Add(1)
+			h.log.Info("sse: client cut off: it fell a whole ring behind", "channel", m.Channel, "ring", size)
 			continue
 		}
 		minNext = min(minNext, w.next)
@@ -292,8 +294,8 @@ func (h *hub) park(w *watcher) bool {
 	if _, ok := t.watchers[w]; !ok {
 		return false
 	}
-	w.parked, w.pinged = true, h.round
-	t.parked++
+	w.parked, w.pinged, w.idx = true, h.round, len(t.parked)
+	t.parked = append(t.parked, w)
 	return true
 }
 
@@ -316,10 +318,7 @@ func (h *hub) heartbeat() {
 	defer h.mu.Unlock()
 	h.round++
 	for _, t := range h.topics {
-		if t.parked > 0 {
-			t.pingDue = true
-			h.kickLocked(t)
-		}
+		h.kickLocked(t)
 	}
 }
 
@@ -501,7 +500,7 @@ func (h *hub) dropLocked(channel string, t *topic, w *watcher, reason string) {
 	go func() {
 		defer h.wg.Done()
 		if parked {
-			w.s.end(errors.New(reason))
+			w.s.end(errors.Join(errEnded, errors.New(reason)))
 		} else {
 			w.cutOff()
 		}
@@ -514,7 +513,7 @@ func (h *hub) parkedCount() int64 {
 	defer h.mu.Unlock()
 	var n int64
 	for _, t := range h.topics {
-		n += int64(t.parked)
+		n += int64(len(t.parked))
 	}
 	return n
 }

@@ -274,7 +274,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, v view) {
 		// Subscribe before the replay, so nothing committed in between is
 		// missed; a finished task publishes nothing more.
 		c.takeOver = canTakeOver(w, r)
-		c.watcher = newWatcher(c, func() { _ = c.rc.SetWriteDeadline(time.Now()) })
+		rc := c.rc
+		c.watcher = newWatcher(c, func() { _ = rc.SetWriteDeadline(time.Now()) })
 		jctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
 		var j joined
 		j, err = h.hub.join(jctx, taskID, c.watcher)
@@ -392,7 +393,9 @@ func (c *stream) run() error {
 	b := append(c.buffer(), "retry: "...)
 	b = strconv.AppendInt(b, c.h.cfg.Retry.Milliseconds(), 10)
 	b = append(b, "\n\n"...)
-	if err := c.send(b); err != nil {
+	// Sent with the replay's first page: one write for both.
+	c.arm()
+	if err := c.write(b); err != nil {
 		return err
 	}
 	c.release()
@@ -498,8 +501,11 @@ func (c *stream) park() error {
 			return nil
 		}
 		c.conn = lc
-		c.deadline = time.Time{} // hijacking cleared it
 		c.watcher.setCut(func() { _ = lc.setDeadline(time.Now()) })
+		// net/http's response (and through it the request and the
+		// connection's buffers) is not needed any more: let it go.
+		c.w, c.rc = nil, nil
+		c.deadline = time.Time{} // hijacking cleared it
 		// The request is over for net/http: its context ends when this
 		// handler returns, and nothing of it should be kept.
 		c.ctx = metadata.NewOutgoingContext(context.Background(), c.md)

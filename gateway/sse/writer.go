@@ -10,16 +10,19 @@ import (
 // The topic's writer serves its parked streams (see stream.park): streams
 // that have caught up with the ring and whose connections were taken over.
 // They have no goroutine of their own. When frames arrive (or a heartbeat
-// is due) the hub starts one writer goroutine for the topic, which, until
-// no parked stream has anything left to read:
+// is due) the hub starts one writer goroutine for the topic, which goes
+// round the parked streams, a chunk at a time, until it has been once
+// round without anything to write:
 //
-//   - groups the parked streams by their cursor (ring position, last seq,
-//     view, seed state): streams that have kept up are all in one group;
-//   - renders each group's frames once, as one buffer;
-//   - writes that buffer to each stream of the group with one non-blocking
-//     write(2) (liveConn.tryWrite): no goroutine wakes per client, no
-//     deadline is set per frame, and every frame that arrived since the
-//     last pass goes in the same syscall.
+//   - a chunk takes the ring as it is now: frames that arrive while the
+//     writer is going round reach the streams it has not visited yet in
+//     the same round (so every frame reaches every stream within one
+//     round), and a stream gets everything it has not read in one write;
+//   - streams with equal cursors (ring position, last seq, view, seed
+//     state: all that kept up) share one rendering of their frames, made
+//     once per ring head;
+//   - each stream gets one non-blocking write(2) (liveConn.tryWrite): no
+//     goroutine wakes per client and no deadline is set per frame.
 //
 // A stream leaves the writer, back to a goroutine of its own (stream.resume),
 // when a write does not go through whole (its client is slow: the
@@ -67,6 +70,7 @@ type group struct {
 	read    uint64 // their bytes (for queued_bytes)
 	cur     cursor // the cursor after them
 	pooled  bool   // out is from groupBufs (else a frame's own bytes, shared)
+	done    bool   // rendered
 	ended   bool   // the final event is in out (and the view's end)
 	fill    bool   // a gap before the frame at next: the log must fill it
 	err     error  // the frames could not be rendered
@@ -125,8 +129,12 @@ func (g *group) release() {
 	g.out, g.pooled = nil, false
 }
 
-// outcome of one stream in a pass.
-type outcome struct {
+// chunkSize is how many parked streams the writer visits between two
+// looks at the ring (and two takes of the hub's lock).
+const chunkSize = 64
+
+// work is one stream's write in a chunk.
+type work struct {
 	w       *watcher
 	g       *group
 	n       int   // bytes of g.out written
@@ -134,9 +142,13 @@ type outcome struct {
 	pending []byte
 }
 
+// pingGroup is the heartbeat, for parked streams that wrote nothing for a
+// whole heartbeat round.
+var pingGroup = &group{out: []byte(heartbeatComment)}
+
 // kickLocked starts t's writer unless it runs or nothing is parked.
 func (h *hub) kickLocked(t *topic) {
-	if t.writing || t.parked == 0 {
+	if t.writing || len(t.parked) == 0 {
 		return
 	}
 	t.writing = true
@@ -150,135 +162,143 @@ func (h *hub) kickLocked(t *topic) {
 // write is t's writer (see the top of this file).
 func (h *hub) write(t *topic) {
 	var (
-		frames  []*frame
-		groups  = map[groupKey]*group{}
-		order   []*group
-		results []outcome
-		ping    = &group{out: []byte(heartbeatComment)}
+		chunk  []work
+		frames []*frame
+		resume []*watcher
+		groups = map[groupKey]*group{} // renderings for the ring head at rendered
+		idle   int                     // streams visited in a row with nothing to write
 	)
+	rendered := ^uint64(0)
+	defer func() {
+		for _, g := range groups {
+			g.release()
+		}
+	}()
 	for {
 		h.mu.Lock()
-		var lo uint64
-		var resume []*watcher
-		frames, lo, resume = h.collectLocked(t, frames[:0], groups, &order, ping)
-		if len(order) == 0 && len(ping.members) == 0 {
+		if idle >= len(t.parked) && !h.dueLocked(t) {
 			t.writing = false
 			h.mu.Unlock()
-			h.resumeAll(resume)
 			return
+		}
+		if t.head != rendered {
+			for k, g := range groups {
+				g.release()
+				delete(groups, k)
+			}
+			rendered = t.head
+		}
+		chunk, resume = chunk[:0], resume[:0]
+		lo := t.head
+		for visits := 0; len(chunk) < chunkSize && visits < len(t.parked); visits++ {
+			if t.pos >= len(t.parked) {
+				t.pos = 0
+			}
+			w := t.parked[t.pos]
+			t.pos++
+			switch {
+			case w.resync || w.check:
+				resume = append(resume, w)
+			case w.next < t.head:
+				k := groupKey{next: w.next, cur: w.s.cursor}
+				g := groups[k]
+				if g == nil {
+					g = &group{key: k}
+					groups[k] = g
+				}
+				chunk = append(chunk, work{w: w, g: g})
+				lo = min(lo, w.next)
+			case w.pinged+1 < h.round:
+				chunk = append(chunk, work{w: w, g: pingGroup})
+			default:
+				idle++
+			}
+		}
+		for _, w := range resume {
+			w.s.checkNow, w.check = w.check, false
+			h.unparkLocked(t, w)
+		}
+		if len(chunk) > 0 {
+			idle = 0
+			size := uint64(len(t.ring))
+			frames = frames[:0]
+			for p := lo; p < t.head; p++ {
+				frames = append(frames, t.ring[p%size])
+			}
 		}
 		h.mu.Unlock()
 		h.resumeAll(resume)
 
-		results = results[:0]
-		for _, g := range append(order, ping) {
-			if g != ping {
+		for i := range chunk {
+			c := &chunk[i]
+			g := c.g
+			if g != pingGroup && !g.done {
 				g.render(frames, lo)
+				g.done = true
 			}
-			for _, w := range g.members {
-				o := outcome{w: w, g: g}
-				if g.err == nil && len(g.out) > 0 {
-					o.n, o.err = w.s.conn.tryWrite(g.out)
-					if o.err == nil && o.n < len(g.out) {
-						o.pending = append([]byte(nil), g.out[o.n:]...)
-					}
-				}
-				results = append(results, o)
+			if g.err != nil || len(g.out) == 0 {
+				continue
+			}
+			c.n, c.err = c.w.s.conn.tryWrite(g.out)
+			if c.err == nil && c.n < len(g.out) {
+				c.pending = append([]byte(nil), g.out[c.n:]...)
 			}
 		}
-		h.apply(t, results, ping)
-		for _, g := range order {
-			g.release()
-			delete(groups, g.key)
-		}
-		order = order[:0]
-		ping.members = ping.members[:0]
+		h.apply(t, chunk)
 		clear(frames)
-		clear(results)
+		clear(chunk)
 	}
 }
 
-// collectLocked picks the parked streams with something to write: frames
-// they have not read (grouped by cursor into groups/order) or a heartbeat
-// due (into ping). Parked streams that must go back to a goroutine (a
-// resync or a status check) are unparked and returned. frames gets the
-// ring from the lowest position needed; lo is that position.
-func (h *hub) collectLocked(t *topic, frames []*frame, groups map[groupKey]*group, order *[]*group, ping *group) ([]*frame, uint64, []*watcher) {
-	var resume []*watcher
-	lo := t.head
-	pingDue := t.pingDue
-	t.pingDue = false
-	for w := range t.watchers {
-		if !w.parked {
-			continue
-		}
-		switch {
-		case w.resync || w.check:
-			w.s.checkNow, w.check = w.check, false
-			h.unparkLocked(t, w)
-			resume = append(resume, w)
-		case w.next < t.head:
-			k := groupKey{next: w.next, cur: w.s.cursor}
-			g := groups[k]
-			if g == nil {
-				g = &group{key: k}
-				groups[k] = g
-				*order = append(*order, g)
-			}
-			g.members = append(g.members, w)
-			lo = min(lo, w.next)
-		case pingDue && w.pinged+1 < h.round:
-			ping.members = append(ping.members, w)
+// dueLocked reports whether a parked stream of t has something to write or
+// must go back to a goroutine (the writer's last look before it stops).
+func (h *hub) dueLocked(t *topic) bool {
+	for _, w := range t.parked {
+		if w.next < t.head || w.resync || w.check || w.pinged+1 < h.round {
+			return true
 		}
 	}
-	if len(*order) > 0 {
-		size := uint64(len(t.ring))
-		for p := lo; p < t.head; p++ {
-			frames = append(frames, t.ring[p%size])
-		}
-	}
-	return frames, lo, resume
+	return false
 }
 
-// apply records a pass's outcomes: cursors advance; streams that ended,
+// apply records a chunk's outcomes: cursors advance; streams that ended,
 // failed or were left with bytes to write leave the writer.
-func (h *hub) apply(t *topic, results []outcome, ping *group) {
-	var ended []*watcher
-	var resume []*watcher
+func (h *hub) apply(t *topic, chunk []work) {
+	var ended, resume []*watcher
 	h.mu.Lock()
-	for i := range results {
-		o := &results[i]
-		w := o.w
+	for i := range chunk {
+		c := &chunk[i]
+		w := c.w
 		if !w.parked {
 			continue // dropped meanwhile (its stream was ended)
 		}
 		w.pinged = h.round
 		switch {
-		case o.err != nil, o.g.err != nil:
+		case c.err != nil, c.g.err != nil:
 			h.unparkLocked(t, w)
-			w.s.endErr = errors.Join(o.err, o.g.err)
+			w.s.endErr = errors.Join(c.err, c.g.err)
 			ended = append(ended, w)
 			continue
-		case o.g == ping:
-			if o.pending != nil {
+		case c.g == pingGroup:
+			if c.pending != nil {
 				h.unparkLocked(t, w)
-				w.s.pending = o.pending
+				w.s.pending = c.pending
 				resume = append(resume, w)
 			}
 			continue
 		}
-		w.next = o.g.next
-		w.readByte += o.g.read
-		w.s.cursor = o.g.cur
+		w.next = c.g.next
+		w.readByte += c.g.read
+		w.s.cursor = c.g.cur
 		switch {
-		case o.pending != nil:
+		case c.pending != nil:
 			h.unparkLocked(t, w)
-			w.s.pending, w.s.endAfterPending = o.pending, o.g.ended
+			w.s.pending, w.s.endAfterPending = c.pending, c.g.ended
 			resume = append(resume, w)
-		case o.g.ended:
+		case c.g.ended:
 			h.unparkLocked(t, w)
 			ended = append(ended, w)
-		case o.g.fill:
+		case c.g.fill:
 			h.unparkLocked(t, w)
 			resume = append(resume, w)
 		}
@@ -290,10 +310,18 @@ func (h *hub) apply(t *topic, results []outcome, ping *group) {
 	h.resumeAll(resume)
 }
 
-// unparkLocked hands w's stream back to a goroutine (the caller starts it).
+// unparkLocked takes w out of t's parked list: its stream goes back to a
+// goroutine (the caller starts it) or ends.
 func (h *hub) unparkLocked(t *topic, w *watcher) {
-	w.parked = false
-	t.parked--
+	if !w.parked {
+		return
+	}
+	last := len(t.parked) - 1
+	moved := t.parked[last]
+	t.parked[w.idx], moved.idx = moved, w.idx
+	t.parked[last] = nil
+	t.parked = t.parked[:last]
+	w.parked, w.idx = false, -1
 }
 
 // resumeAll starts a goroutine for each unparked stream.
