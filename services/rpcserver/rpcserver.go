@@ -67,6 +67,22 @@ func isHealth(method string) bool {
 		strings.HasPrefix(method, "/grpc.reflection.")
 }
 
+// isRead reports whether method (/pkg.Service/Method) only reads: Get… or
+// List….
+func isRead(method string) bool {
+	name := method[strings.LastIndexByte(method, '/')+1:]
+	return strings.HasPrefix(name, "Get") || strings.HasPrefix(name, "List")
+}
+
+// readLevel logs a read's success at Debug, anything else as the default
+// does.
+func readLevel(code codes.Code) logging.Level {
+	if code == codes.OK {
+		return logging.LevelDebug
+	}
+	return logging.DefaultServerCodeToLevel(code)
+}
+
 // New returns a gRPC server with the shared interceptor chain. The order is
 // deliberate: recovery is outermost so a panic anywhere becomes Internal;
 // the request id exists before anything logs; logging sees the final,
@@ -87,6 +103,12 @@ func New(opts Options) *grpc.Server {
 	logger := logging.LoggerFunc(func(ctx context.Context, level logging.Level, msg string, fields ...any) {
 		lg.Log(ctx, slog.Level(level), msg, fields...)
 	})
+	// Built once, not per call. Reads (Get…, List…) are the hot calls
+	// (every SSE connect, every console poll): their successes log at
+	// Debug, so a connect storm does not write a line per connection.
+	logUnary := logging.UnaryServerInterceptor(logger, logOpts...)
+	logUnaryRead := logging.UnaryServerInterceptor(logger, append(logOpts, logging.WithLevels(readLevel))...)
+	logStream := logging.StreamServerInterceptor(logger, logOpts...)
 	skipHealthLog := func(method string) bool { return isHealth(method) }
 
 	so := []grpc.ServerOption{
@@ -94,10 +116,13 @@ func New(opts Options) *grpc.Server {
 			recovery.UnaryServerInterceptor(recoveryOpt),
 			unaryRequestID,
 			func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-				if skipHealthLog(info.FullMethod) {
+				switch {
+				case skipHealthLog(info.FullMethod):
 					return h(ctx, req)
+				case isRead(info.FullMethod):
+					return logUnaryRead(ctx, req, info, h)
 				}
-				return logging.UnaryServerInterceptor(logger, logOpts...)(ctx, req, info, h)
+				return logUnary(ctx, req, info, h)
 			},
 			unaryAuth(opts),
 			unaryErrors(lg),
@@ -109,7 +134,7 @@ func New(opts Options) *grpc.Server {
 				if skipHealthLog(info.FullMethod) {
 					return h(srv, ss)
 				}
-				return logging.StreamServerInterceptor(logger, logOpts...)(srv, ss, info, h)
+				return logStream(srv, ss, info, h)
 			},
 			streamAuth(opts),
 			streamErrors(lg),

@@ -1,10 +1,12 @@
 package rpcserver_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -59,4 +61,61 @@ func TestReflectionIsOptIn(t *testing.T) {
 			require.Equal(t, codes.Unimplemented, status.Code(err), "%v", err)
 		}
 	}
+}
+
+// logTasks answers GetTask and CancelTask without doing anything.
+type logTasks struct {
+	taskrunnerv1.UnimplementedTaskServiceServer
+}
+
+func (logTasks) GetTask(context.Context, *taskrunnerv1.GetTaskRequest) (*taskrunnerv1.GetTaskResponse, error) {
+	return &taskrunnerv1.GetTaskResponse{}, nil
+}
+
+func (logTasks) CancelTask(context.Context, *taskrunnerv1.CancelTaskRequest) (*taskrunnerv1.CancelTaskResponse, error) {
+	return &taskrunnerv1.CancelTaskResponse{}, nil
+}
+
+// TestReadsLogAtDebug: a successful read (every SSE connect makes one)
+// writes no line at Info; a change and a failed read do.
+func TestReadsLogAtDebug(t *testing.T) {
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	lg := slog.New(slog.NewTextHandler(&lockedWriter{w: &buf, mu: &mu}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	srv := rpcserver.New(rpcserver.Options{Logger: lg, Anonymous: map[string]bool{
+		taskrunnerv1.TaskService_GetTask_FullMethodName: true, taskrunnerv1.TaskService_CancelTask_FullMethodName: true,
+		taskrunnerv1.TaskService_ListTasks_FullMethodName: true,
+	}})
+	taskrunnerv1.RegisterTaskServiceServer(srv, logTasks{})
+	c := taskrunnerv1.NewTaskServiceClient(testkit.ServeConn(t, srv))
+	ctx := context.Background()
+	lines := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		s := buf.String()
+		buf.Reset()
+		return s
+	}
+	for range 3 {
+		_, err := c.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: "x"})
+		require.NoError(t, err)
+	}
+	require.Empty(t, lines(), "successful reads are not logged at Info")
+	_, err := c.CancelTask(ctx, &taskrunnerv1.CancelTaskRequest{Id: "x"})
+	require.NoError(t, err)
+	require.Contains(t, lines(), "CancelTask")
+	_, err = c.ListTasks(ctx, &taskrunnerv1.ListTasksRequest{})
+	require.Equal(t, codes.Unimplemented, status.Code(err))
+	require.Contains(t, lines(), "ListTasks", "a failed read is logged")
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
