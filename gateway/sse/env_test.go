@@ -57,6 +57,8 @@ type envOptions struct {
 	// connections so that a client that stops reading blocks the writer
 	// after a few kilobytes instead of a few megabytes.
 	smallSendBuffer bool
+	// http2 serves HTTP/2 over TLS (its streams cannot be taken over).
+	http2 bool
 }
 
 func newEnv(t *testing.T, cfg sse.Config, o envOptions) *env {
@@ -115,7 +117,12 @@ func newEnv(t *testing.T, cfg sse.Config, o envOptions) *env {
 	if o.smallSendBuffer {
 		e.srv.Listener = smallBufListener{e.srv.Listener}
 	}
-	e.srv.Start()
+	if o.http2 {
+		e.srv.EnableHTTP2 = true
+		e.srv.StartTLS()
+	} else {
+		e.srv.Start()
+	}
 	t.Cleanup(e.srv.Close)
 	return e
 }

@@ -183,3 +183,30 @@ func TestParkedStreamsGetHeartbeats(t *testing.T) {
 	require.Less(t, time.Since(start), 2*time.Second)
 	require.Equal(t, int64(1), e.h.Parked())
 }
+
+// TestHTTP2StreamsKeepTheirGoroutine: a stream whose connection cannot be
+// taken over (HTTP/2) is served as before, by its own goroutine.
+func TestHTTP2StreamsKeepTheirGoroutine(t *testing.T) {
+	e := newEnv(t, sse.Config{}, envOptions{http2: true})
+	id := e.runningTask(t, "alice")
+	tok := e.token(t, "alice")
+	n0 := len(e.timeline(t, id))
+	var cs []*client
+	for range 3 {
+		c := e.open(t, eventsPath(id), tok, after(n0))
+		require.Equal(t, 2, c.resp.ProtoMajor)
+		cs = append(cs, c)
+	}
+	e.emit(t, id, logs(1, 20)...)
+	tl := e.timeline(t, id)
+	for _, c := range cs {
+		checkMessages(t, c.take(t, 20), tl[n0:])
+	}
+	require.Zero(t, e.h.Parked())
+	e.advance(t, id, task.Advance{Status: task.StatusCancelled, FailedReason: "enough", Actor: task.UserActor("alice")})
+	tl = e.timeline(t, id)
+	for _, c := range cs {
+		checkMessages(t, c.events(t), tl[len(tl)-1:])
+	}
+	require.Eventually(t, func() bool { return e.h.Subscribers() == 0 }, 5*time.Second, time.Millisecond)
+}
