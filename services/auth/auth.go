@@ -8,6 +8,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -88,11 +89,31 @@ func Hash(plain string) []byte {
 	return h[:]
 }
 
-// Store keeps tokens in api_tokens. It caches nothing: every Authenticate
-// reads the row, so a revoked or expired token is refused on its next call.
+// Store keeps tokens in api_tokens. Authenticate keeps a success for at
+// most a second (see Authenticate); revocations through the Store clear it.
 type Store struct {
 	pool *pgxpool.Pool
 	now  func() time.Time
+
+	// A successful authentication is kept for authTTL, so a burst of
+	// calls with one token (a connect storm: every SSE connect makes two
+	// calls) reads the token once. A revocation through this Store clears
+	// it at once; one made by another process is seen within authTTL.
+	mu     sync.Mutex
+	authed map[string]authEntry
+}
+
+// authTTL bounds how long a kept authentication is trusted (issue 15: no
+// cache longer than a few seconds).
+const authTTL = time.Second
+
+// maxAuthed bounds the kept authentications (past it, the map starts over).
+const maxAuthed = 10000
+
+type authEntry struct {
+	p       Principal
+	expires *time.Time // the token's own expiry
+	until   time.Time  // when the entry stops being trusted
 }
 
 // StoreOption configures a Store.
@@ -202,16 +223,25 @@ const lookupToken = `WITH t AS (
 )
 SELECT id, owner, scopes, revoked_at, expires_at FROM t`
 
-// Authenticate resolves a bearer token to its principal. There is no cache:
-// a revoked or expired token is refused on the very next call.
+// Authenticate resolves a bearer token to its principal. A success is kept
+// for at most authTTL (one second): a token revoked through this Store is
+// refused on the very next call, one revoked elsewhere within a second, an
+// expired one as soon as it expires.
 func (s *Store) Authenticate(ctx context.Context, token string) (Principal, error) {
 	if !strings.HasPrefix(token, TokenPrefix) {
 		return Principal{}, errs.Unauthenticated("invalid bearer token")
 	}
 	now := s.now()
+	hash := Hash(token)
+	s.mu.Lock()
+	e, ok := s.authed[string(hash)]
+	s.mu.Unlock()
+	if ok && now.Before(e.until) && (e.expires == nil || now.Before(*e.expires)) {
+		return e.p, nil
+	}
 	var p Principal
 	var revoked, expires *time.Time
-	err := s.pool.QueryRow(ctx, lookupToken, Hash(token), now).Scan(&p.TokenID, &p.Owner, &p.Scopes, &revoked, &expires)
+	err := s.pool.QueryRow(ctx, lookupToken, hash, now).Scan(&p.TokenID, &p.Owner, &p.Scopes, &revoked, &expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Principal{}, errs.Unauthenticated("invalid bearer token")
 	}
@@ -224,7 +254,20 @@ func (s *Store) Authenticate(ctx context.Context, token string) (Principal, erro
 	if expires != nil && !now.Before(*expires) {
 		return Principal{}, errs.Unauthenticated("bearer token expired")
 	}
+	s.mu.Lock()
+	if s.authed == nil || len(s.authed) >= maxAuthed {
+		s.authed = map[string]authEntry{}
+	}
+	s.authed[string(hash)] = authEntry{p: p, expires: expires, until: now.Add(authTTL)}
+	s.mu.Unlock()
 	return p, nil
+}
+
+// forgetAuthenticated drops every kept authentication (after a revocation).
+func (s *Store) forgetAuthenticated() {
+	s.mu.Lock()
+	s.authed = nil
+	s.mu.Unlock()
 }
 
 // Revoke disables a token by id, whoever owns it (operators).
@@ -233,6 +276,7 @@ func (s *Store) Revoke(ctx context.Context, id string) error {
 		return errs.NotFound("token", id)
 	}
 	tag, err := s.pool.Exec(ctx, `UPDATE api_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL`, id, s.now())
+	s.forgetAuthenticated()
 	if err != nil {
 		return err
 	}
@@ -266,6 +310,7 @@ func (s *Store) RevokeOwned(ctx context.Context, owner, id string) (Token, error
 	}
 	now := s.dbNow()
 	t, err := scanToken(s.pool.QueryRow(ctx, revokeOwned, id, owner, now))
+	s.forgetAuthenticated()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, errs.NotFound("token", id)
 	}

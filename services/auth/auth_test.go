@@ -223,3 +223,39 @@ func TestIssueValidates(t *testing.T) {
 		require.ErrorContains(t, err, name+":", name)
 	}
 }
+
+// TestRevokedElsewhereIsRefusedWithinASecond: a success is kept for a
+// second (a connect storm reads the token once), so a token revoked by
+// another process (another Store) is refused within that second, and one
+// revoked through the same Store at once.
+func TestRevokedElsewhereIsRefusedWithinASecond(t *testing.T) {
+	db := storetest.NewDB(t)
+	c := &clock{t: time.Now()}
+	here := auth.NewStore(db.Pool, auth.WithClock(c.now))
+	elsewhere := auth.NewStore(db.Pool, auth.WithClock(c.now))
+	ctx := context.Background()
+	plain, id, err := here.Create(ctx, "alice", nil, "laptop")
+	require.NoError(t, err)
+	_, err = here.Authenticate(ctx, plain)
+	require.NoError(t, err)
+
+	require.NoError(t, elsewhere.Revoke(ctx, id))
+	c.add(500 * time.Millisecond)
+	p, err := here.Authenticate(ctx, plain)
+	require.NoError(t, err, "kept for up to a second")
+	require.Equal(t, "alice", p.Owner)
+	c.add(600 * time.Millisecond)
+	_, err = here.Authenticate(ctx, plain)
+	require.ErrorContains(t, err, "bearer token revoked")
+	_, err = elsewhere.Authenticate(ctx, plain)
+	require.ErrorContains(t, err, "bearer token revoked", "the revoking store forgot it at once")
+
+	// Through the same store: refused on the very next call.
+	plain2, id2, err := here.Create(ctx, "alice", nil, "desktop")
+	require.NoError(t, err)
+	_, err = here.Authenticate(ctx, plain2)
+	require.NoError(t, err)
+	require.NoError(t, here.Revoke(ctx, id2))
+	_, err = here.Authenticate(ctx, plain2)
+	require.ErrorContains(t, err, "bearer token revoked")
+}
