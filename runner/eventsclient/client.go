@@ -112,7 +112,7 @@ type Client struct {
 
 	mu       sync.Mutex
 	buf      []*taskrunnerv1.Event // unacknowledged, consecutive seqs, oldest first
-	bufBytes int                   // proto size of buf
+	bufBytes int                   // proto size of buf (kept only with a SpillDir: sizeOf)
 	spill    *spill                // the events after buf, when buf is full
 	lastSeq  int64                 // highest seq assigned
 	acked    int64                 // highest seq acknowledged
@@ -247,6 +247,16 @@ func (c *Client) wakeSender() {
 	}
 }
 
+// sizeOf is e's share of bufBytes: its proto size when a spill file may take
+// the events beyond BufferBytes, 0 otherwise (nothing else reads bufBytes,
+// and sizing every event twice is a visible cost at thousands a second).
+func (c *Client) sizeOf(e *taskrunnerv1.Event) int {
+	if c.cfg.SpillDir == "" {
+		return 0
+	}
+	return proto.Size(e)
+}
+
 // fullLocked reports whether the in-memory buffer is at its bound. Without a spill file only
 // the count bounds it, as it always has.
 func (c *Client) fullLocked() bool {
@@ -270,7 +280,7 @@ func (c *Client) pushLocked(e *taskrunnerv1.Event) {
 		c.unspillLocked()
 	}
 	c.buf = append(c.buf, e)
-	c.bufBytes += proto.Size(e)
+	c.bufBytes += c.sizeOf(e)
 }
 
 // unspillLocked moves every spilled event back to memory and gives up the file.
@@ -282,7 +292,7 @@ func (c *Client) unspillLocked() {
 			break
 		}
 		c.buf = append(c.buf, e)
-		c.bufBytes += proto.Size(e)
+		c.bufBytes += c.sizeOf(e)
 	}
 	if err := c.spill.remove(); err != nil {
 		c.log.Warn("cannot remove the spill file", "error", err)
@@ -301,7 +311,7 @@ func (c *Client) refillLocked() (moved bool) {
 			continue
 		}
 		c.buf = append(c.buf, e)
-		c.bufBytes += proto.Size(e)
+		c.bufBytes += c.sizeOf(e)
 		moved = true
 	}
 	return moved
@@ -445,12 +455,17 @@ func (c *Client) ackUpTo(seq int64) {
 		c.log.Warn("server has more events than this runner sent; continuing after them", "server_seq", seq, "local_seq", c.lastSeq)
 		c.lastSeq = seq
 	}
+	// Trim in place, clearing the slots so the acknowledged events can be
+	// freed: copying what is left would cost every Ack the whole backlog
+	// (quadratic while thousands of events wait); append moves the rest to
+	// a new array when it next grows.
 	n := 0
 	for n < len(c.buf) && c.buf[n].GetSeq() <= seq {
-		c.bufBytes -= proto.Size(c.buf[n])
+		c.bufBytes -= c.sizeOf(c.buf[n])
+		c.buf[n] = nil
 		n++
 	}
-	c.buf = append(c.buf[:0:0], c.buf[n:]...)
+	c.buf = c.buf[n:]
 	c.acked = seq
 	if c.refillLocked() {
 		c.wakeSender()

@@ -3,6 +3,7 @@ package eventsclient
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"unicode/utf8"
 
@@ -128,11 +129,14 @@ func jsonByteLen(b byte) int {
 // and no bigger than maxBytes. A log event over the limit becomes several log events (same
 // time and stage, lines in order); any other event over it has its long strings cut.
 func fitEvent(ev *taskrunnerv1.Event, maxBytes int) ([]*taskrunnerv1.Event, error) {
-	e := proto.Clone(ev).(*taskrunnerv1.Event)
+	e := copyFrequent(ev)
+	if e == nil {
+		e = proto.Clone(ev).(*taskrunnerv1.Event)
+		validStrings(e.ProtoReflect())
+	}
 	if e.Time == nil {
 		e.Time = timestamppb.Now()
 	}
-	validStrings(e.ProtoReflect())
 	if fits(e, maxBytes) {
 		return []*taskrunnerv1.Event{e}, nil
 	}
@@ -155,14 +159,80 @@ func fitEvent(ev *taskrunnerv1.Event, maxBytes int) ([]*taskrunnerv1.Event, erro
 	return nil, fmt.Errorf("%w: %T over %d bytes", ErrEventTooLarge, e.GetPayload(), maxBytes)
 }
 
+// copyFrequent is fitEvent's copy of the events a runner sends most (log tails, stage
+// changes, diff stats) without reflection, with invalid UTF-8 replaced like validStrings does:
+// proto.Clone and the reflective walk of validStrings cost more than the rest of Send. It is
+// nil for any other payload and for a message carrying unknown fields, which take the
+// general path.
+func copyFrequent(ev *taskrunnerv1.Event) *taskrunnerv1.Event {
+	if len(ev.ProtoReflect().GetUnknown()) > 0 {
+		return nil
+	}
+	e := &taskrunnerv1.Event{Seq: ev.GetSeq(), Run: ev.GetRun()}
+	if t := ev.GetTime(); t != nil {
+		if len(t.ProtoReflect().GetUnknown()) > 0 {
+			return nil
+		}
+		e.Time = &timestamppb.Timestamp{Seconds: t.GetSeconds(), Nanos: t.GetNanos()}
+	}
+	switch p := ev.GetPayload().(type) {
+	case *taskrunnerv1.Event_Log:
+		if p.Log == nil || len(p.Log.ProtoReflect().GetUnknown()) > 0 {
+			return nil
+		}
+		lines := make([]string, len(p.Log.GetLines()))
+		for i, l := range p.Log.GetLines() {
+			lines[i] = validUTF8(l)
+		}
+		e.Payload = &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: lines, Stage: p.Log.GetStage()}}
+	case *taskrunnerv1.Event_StageChange:
+		if p.StageChange == nil || len(p.StageChange.ProtoReflect().GetUnknown()) > 0 {
+			return nil
+		}
+		e.Payload = &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: p.StageChange.GetStage(), Change: validUTF8(p.StageChange.GetChange())}}
+	case *taskrunnerv1.Event_DiffStats:
+		if p.DiffStats == nil || len(p.DiffStats.ProtoReflect().GetUnknown()) > 0 {
+			return nil
+		}
+		d := p.DiffStats
+		e.Payload = &taskrunnerv1.Event_DiffStats{DiffStats: &taskrunnerv1.DiffStats{Additions: d.GetAdditions(), Deletions: d.GetDeletions(), FilesChanged: d.GetFilesChanged()}}
+	default:
+		return nil
+	}
+	return e
+}
+
+// validUTF8 is s with invalid UTF-8 replaced by U+FFFD (validStrings' rule).
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
 // fits reports whether e's JSON form is at most maxBytes. Most events are tiny: when even
 // the most escaped JSON the proto size allows fits, no JSON is built.
 func fits(e *taskrunnerv1.Event, maxBytes int) bool {
-	if proto.Size(e)*6+1024 <= maxBytes {
+	if sizeBound(e)*6+1024 <= maxBytes || proto.Size(e)*6+1024 <= maxBytes {
 		return true
 	}
 	b, err := jsonOpts.Marshal(e)
 	return err == nil && len(b) <= maxBytes
+}
+
+// sizeBound is an upper bound of proto.Size(e) for a log event, counted from its lines
+// without walking the message (each field's tag and length prefix at their longest), or
+// maxInt for any other event, which fits then measures.
+func sizeBound(e *taskrunnerv1.Event) int {
+	l := e.GetLog()
+	if l == nil {
+		return math.MaxInt / 8
+	}
+	n := 64 // seq, run and time at their longest, the log's tag and length, its stage
+	for _, line := range l.GetLines() {
+		n += len(line) + 6 // tag, length varint (at most 5 bytes), the bytes
+	}
+	return n
 }
 
 // validStrings replaces invalid UTF-8 in every string of m.

@@ -6,6 +6,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
@@ -116,4 +119,99 @@ func FuzzFitEvent(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fill sets every field of m (recursively for messages, one element for lists) to a
+// non-zero value with invalid UTF-8 in its strings, so a field the fast copy forgets shows.
+func fill(m protoreflect.Message) {
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if fd.ContainingOneof() != nil && !fd.ContainingOneof().IsSynthetic() {
+			continue // the payload is chosen by the caller
+		}
+		val := func() protoreflect.Value {
+			switch fd.Kind() {
+			case protoreflect.StringKind:
+				return protoreflect.ValueOfString("x\xffy " + string(fd.Name()))
+			case protoreflect.BoolKind:
+				return protoreflect.ValueOfBool(true)
+			case protoreflect.EnumKind:
+				return protoreflect.ValueOfEnum(1)
+			case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+				return protoreflect.ValueOfInt32(7)
+			case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+				return protoreflect.ValueOfInt64(-7)
+			case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+				return protoreflect.ValueOfUint32(7)
+			case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+				return protoreflect.ValueOfUint64(7)
+			case protoreflect.DoubleKind:
+				return protoreflect.ValueOfFloat64(0.5)
+			case protoreflect.FloatKind:
+				return protoreflect.ValueOfFloat32(0.5)
+			case protoreflect.BytesKind:
+				return protoreflect.ValueOfBytes([]byte{1})
+			}
+			return protoreflect.Value{}
+		}
+		switch {
+		case fd.IsList() && fd.Message() == nil:
+			l := m.Mutable(fd).List()
+			l.Append(val())
+			l.Append(val())
+		case fd.Message() != nil && !fd.IsList() && !fd.IsMap():
+			fill(m.Mutable(fd).Message())
+		case !fd.IsList() && !fd.IsMap():
+			m.Set(fd, val())
+		}
+	}
+}
+
+// TestCopyFrequentIsCloneAndValidStrings: the reflection-free copy of the frequent events is
+// what proto.Clone and validStrings give, for every field those messages have (a field added
+// to Event, Log, StageChange, DiffStats or Timestamp fails here until copyFrequent copies it).
+func TestCopyFrequentIsCloneAndValidStrings(t *testing.T) {
+	for _, payload := range []protoreflect.Message{
+		(&taskrunnerv1.Log{}).ProtoReflect(), (&taskrunnerv1.StageChange{}).ProtoReflect(), (&taskrunnerv1.DiffStats{}).ProtoReflect(),
+	} {
+		ev := &taskrunnerv1.Event{}
+		fill(ev.ProtoReflect())
+		fill(payload)
+		od := ev.ProtoReflect().Descriptor().Oneofs().ByName("payload")
+		for i := range od.Fields().Len() {
+			if fd := od.Fields().Get(i); fd.Message() != nil && fd.Message().FullName() == payload.Descriptor().FullName() {
+				ev.ProtoReflect().Set(fd, protoreflect.ValueOfMessage(payload))
+			}
+		}
+		require.NotNil(t, ev.GetPayload(), "%s is in Event's payload", payload.Descriptor().FullName())
+		orig := proto.Clone(ev)
+		want := proto.Clone(ev).(*taskrunnerv1.Event)
+		validStrings(want.ProtoReflect())
+		got := copyFrequent(ev)
+		require.NotNil(t, got, "copyFrequent takes %s", payload.Descriptor().FullName())
+		require.True(t, proto.Equal(want, got), "copy of %s:\n got %v\nwant %v", payload.Descriptor().FullName(), got, want)
+		require.NotSame(t, ev.GetTime(), got.GetTime(), "the copy shares nothing with the sender's event")
+		require.True(t, proto.Equal(orig, ev), "the sender's event is left as it was")
+	}
+
+	// Everything else takes the general path.
+	require.Nil(t, copyFrequent(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Failed{Failed: &taskrunnerv1.Failed{Reason: "r"}}}))
+	require.Nil(t, copyFrequent(&taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{}}))
+	unknown := &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{"a"}}}}
+	unknown.GetLog().ProtoReflect().SetUnknown(protoreflect.RawFields{0x98, 0x06, 0x01}) // field 99, varint 1
+	require.Nil(t, copyFrequent(unknown))
+	evs, err := fitEvent(unknown, MaxEventBytes)
+	require.NoError(t, err)
+	require.True(t, proto.Equal(unknown.GetLog(), evs[0].GetLog()), "the general path keeps unknown fields")
+}
+
+// TestSizeBoundBoundsProtoSize: the bound fits uses for log events is never below the real
+// size, whatever the lines and the other fields.
+func TestSizeBoundBoundsProtoSize(t *testing.T) {
+	for _, lines := range [][]string{nil, {""}, {"a", "b"}, {strings.Repeat("x", 200)}, {strings.Repeat("y", 70000), "z"}} {
+		ev := &taskrunnerv1.Event{Seq: -1, Run: -1, Time: &timestamppb.Timestamp{Seconds: -1 << 62, Nanos: -1},
+			Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: lines, Stage: -1}}}
+		require.GreaterOrEqual(t, sizeBound(ev), proto.Size(ev))
+	}
 }
