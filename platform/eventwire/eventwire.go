@@ -107,7 +107,11 @@ const finalMark = "final"
 // lets a subscriber order, route, frame and end streams without parsing the
 // JSON: the gateway writes the payload to its SSE clients as it is.
 func EncodeMessage(seq int64, typ string, final bool, payload []byte) []byte {
-	b := make([]byte, 0, len(payload)+len(typ)+28)
+	b := appendHeader(make([]byte, 0, len(payload)+len(typ)+28), seq, typ, final)
+	return append(b, payload...)
+}
+
+func appendHeader(b []byte, seq int64, typ string, final bool) []byte {
 	b = strconv.AppendInt(b, seq, 10)
 	b = append(b, ' ')
 	b = append(b, typ...)
@@ -115,8 +119,19 @@ func EncodeMessage(seq int64, typ string, final bool, payload []byte) []byte {
 		b = append(b, ' ')
 		b = append(b, finalMark...)
 	}
-	b = append(b, '\n')
-	return append(b, payload...)
+	return append(b, '\n')
+}
+
+// EncodeMessageBody completes EncodeBody's JSON into the event at seq of
+// run (WithSeqRun) and frames it as the Channel message (EncodeMessage),
+// in one buffer: msg is the message and payload, the JSON to store, is its
+// tail. A writer thus stores and publishes the same bytes, made once. They
+// share memory: neither may be modified.
+func EncodeMessageBody(seq int64, run int32, typ string, final bool, body []byte) (msg, payload []byte) {
+	b := appendHeader(make([]byte, 0, len(body)+len(typ)+64), seq, typ, final)
+	head := len(b)
+	b = appendWithSeqRun(b, seq, run, body)
+	return b, b[head:]
 }
 
 // DecodeMessage parses EncodeMessage's output. Payload aliases b.
@@ -153,6 +168,9 @@ var (
 // (seq, time, payload) with proto field names (stage_change, pr_url), as
 // the REST API uses, so a frontend sees one spelling everywhere.
 func EncodeEvent(e *taskrunnerv1.Event) ([]byte, error) {
+	if b, ok := appendFast(make([]byte, 0, sizeHint(e)), e, true); ok {
+		return b, nil
+	}
 	return marshal.Marshal(e)
 }
 
@@ -160,11 +178,24 @@ func EncodeEvent(e *taskrunnerv1.Event) ([]byte, error) {
 // before it knows the event's place on the timeline. WithSeq completes it
 // without encoding again.
 func EncodeBody(e *taskrunnerv1.Event) ([]byte, error) {
+	if b, ok := appendFast(make([]byte, 0, sizeHint(e)), e, false); ok {
+		return b, nil
+	}
 	seq := e.GetSeq()
 	e.Seq = 0
 	b, err := marshal.Marshal(e)
 	e.Seq = seq
 	return b, err
+}
+
+// sizeHint is room for e's JSON in most cases (appendFast's buffer), and
+// for WithSeqRun's additions.
+func sizeHint(e *taskrunnerv1.Event) int {
+	n := 160
+	for _, l := range e.GetLog().GetLines() {
+		n += len(l) + 3
+	}
+	return n
 }
 
 // WithSeq returns EncodeBody's JSON with "seq" set, which is what
@@ -176,7 +207,10 @@ func WithSeq(seq int64, body []byte) []byte { return WithSeqRun(seq, 0, body) }
 // WithSeqRun is WithSeq that also sets "run" (the task's run the event
 // belongs to) when run > 1, as EncodeEvent would with Event.run set.
 func WithSeqRun(seq int64, run int32, body []byte) []byte {
-	out := make([]byte, 0, len(body)+36)
+	return appendWithSeqRun(make([]byte, 0, len(body)+36), seq, run, body)
+}
+
+func appendWithSeqRun(out []byte, seq int64, run int32, body []byte) []byte {
 	out = append(out, `{"seq":"`...)
 	out = strconv.AppendInt(out, seq, 10)
 	out = append(out, '"')

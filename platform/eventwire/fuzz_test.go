@@ -31,6 +31,27 @@ func FuzzMessageRoundTrip(f *testing.F) {
 	})
 }
 
+// FuzzEncodeMessageBody: the one-buffer form is EncodeMessage of WithSeqRun,
+// and its payload is WithSeqRun.
+func FuzzEncodeMessageBody(f *testing.F) {
+	f.Add(int64(1), int32(0), "log", false, []byte(`{"log":{"lines":["a"]}}`))
+	f.Add(int64(12), int32(3), "status_change", true, []byte(` { } `))
+	f.Add(int64(-4), int32(-1), "x", false, []byte(``))
+	f.Fuzz(func(t *testing.T, seq int64, run int32, typ string, final bool, body []byte) {
+		msg, payload := eventwire.EncodeMessageBody(seq, run, typ, final, body)
+		want := eventwire.WithSeqRun(seq, run, body)
+		if !bytes.Equal(payload, want) {
+			t.Fatalf("payload %q, want %q", payload, want)
+		}
+		if got := eventwire.EncodeMessage(seq, typ, final, want); !bytes.Equal(msg, got) {
+			t.Fatalf("message %q, want %q", msg, got)
+		}
+		if !bytes.HasSuffix(msg, payload) || &msg[len(msg)-1] != &payload[len(payload)-1] {
+			t.Fatal("the payload is not the message's tail")
+		}
+	})
+}
+
 // FuzzDecodeMessage: any bytes from a Redis channel either fail to decode
 // or decode to a message that encodes and decodes to itself.
 func FuzzDecodeMessage(f *testing.F) {

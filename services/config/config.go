@@ -55,9 +55,10 @@ type Daemon struct {
 	RunnerCAKeyFile string `env:"TASKRUNNER_RUNNER_CA_KEY_FILE"`
 	TrustDomain     string `env:"TASKRUNNER_TRUST_DOMAIN" envDefault:"taskrunner.local"`
 	RedisPrefix     string `env:"TASKRUNNER_REDIS_PREFIX"`
-	// EventsCommitters is events.Config.Committers: group committers,
-	// each a transaction at a time, the tasks spread over them.
-	EventsCommitters int `env:"TASKRUNNER_EVENTS_COMMITTERS" envDefault:"1"`
+	// EventsCommitters is events.Config.Committers: the most group commits
+	// at once (the second only when one cannot keep up); the default is
+	// events.DefaultCommitters, measured with make bench-committers.
+	EventsCommitters int `env:"TASKRUNNER_EVENTS_COMMITTERS" envDefault:"2"`
 	// HeartbeatInterval is the one liveness setting: Events tells runners
 	// to send a heartbeat this often (Welcome), and Dispatch's reaper fails
 	// a running task after 3 intervals without anything from its runner.

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
@@ -80,83 +79,66 @@ func (s *sink) state() (int64, error) {
 }
 
 // committer batches the submissions of every stream into few transactions
-// (group commit). One goroutine commits; a second publishes committed events
-// to Redis in commit order, so a slow Redis never delays an acknowledgement.
+// (group commit), one transaction at a time. A server runs
+// Config.Committers of them on one intake (see intake for who takes what),
+// sharing one memory of the tasks they wrote (a task is in one committer's
+// hands at a time, so whoever writes it next finds it as it was left) and
+// one publisher, which sends committed events to Redis in commit order, so a
+// slow Redis never delays an acknowledgement.
 type committer struct {
 	cfg     Config
 	pool    *pgxpool.Pool
-	rdb     redis.UniversalClient
 	log     *slog.Logger
-	in      chan *submission
-	pub     task.Publisher
-	publish chan []task.Appended
-	known   map[string]known // tasks this committer wrote last (see transact)
+	publish chan []task.Appended // to the publisher, in commit order
+	// known is what the committers wrote last (see transact), under
+	// knownMu.
+	known   map[string]known
+	knownMu *sync.Mutex
 	// ingested counts events stored (redeliveries excluded).
 	ingested metric.Int64Counter
 }
 
-func newCommitter(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) *committer {
+// newCommitter is a committer with a memory and a publish queue of its own
+// (each one stands for a replica); newCommitters makes a server's.
+func newCommitter(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *committer {
 	ingested, _ := otel.Meter("github.com/taskrunner/taskrunner/services/events").Int64Counter("taskrunner.events.ingested",
 		metric.WithDescription("Runner events stored in PostgreSQL"))
-	return &committer{cfg: cfg, pool: pool, rdb: rdb, log: log, ingested: ingested, pub: task.NewRedisPublisher(rdb, cfg.RedisPrefix, log),
-		in: make(chan *submission, cfg.QueueSize), publish: make(chan []task.Appended, 256), known: map[string]known{}}
+	return &committer{cfg: cfg, pool: pool, log: log, ingested: ingested,
+		publish: make(chan []task.Appended, 256), known: map[string]known{}, knownMu: &sync.Mutex{}}
 }
 
-// run commits until ctx ends. Submissions still queued then are dropped: they
-// were never acknowledged, so their runners resend them after reconnecting.
-func (c *committer) run(ctx context.Context) {
-	defer close(c.publish)
-	batch := make([]*submission, 0, c.cfg.MaxBatch)
+// newCommitters makes n committers that share a memory and a publish queue.
+func newCommitters(n int, cfg Config, pool *pgxpool.Pool, log *slog.Logger) []*committer {
+	first := newCommitter(cfg, pool, log)
+	out := []*committer{first}
+	for range n - 1 {
+		c := newCommitter(cfg, pool, log)
+		c.publish, c.known, c.knownMu = first.publish, first.known, first.knownMu
+		out = append(out, c)
+	}
+	return out
+}
+
+// run commits, as committer k of in, until ctx ends. Submissions still
+// queued then are dropped: they were never acknowledged, so their runners
+// resend them after reconnecting.
+func (c *committer) run(ctx context.Context, in *intake, k int) {
 	for {
-		batch = batch[:0]
-		select {
-		case <-ctx.Done():
+		batch, held := in.take(ctx, k, c.cfg.MaxBatch, c.cfg.MaxBatchDelay)
+		if len(batch) == 0 {
 			return
-		case s := <-c.in:
-			batch = append(batch, s)
 		}
-		batch = c.fill(ctx, batch)
-		c.commit(batch)
+		c.commit(batch) // queues the events to publish before the tasks go back
+		in.release(held)
 	}
 }
 
-// fill adds whatever is queued, then (with a MaxBatchDelay) waits up to
-// that long for more, stopping at MaxBatch.
-func (c *committer) fill(ctx context.Context, batch []*submission) []*submission {
-	var timer <-chan time.Time
-	for len(batch) < c.cfg.MaxBatch {
-		select {
-		case s := <-c.in:
-			batch = append(batch, s)
-			continue
-		default:
-		}
-		if c.cfg.MaxBatchDelay <= 0 {
-			return batch
-		}
-		if timer == nil {
-			t := time.NewTimer(c.cfg.MaxBatchDelay)
-			defer t.Stop()
-			timer = t.C
-		}
-		select {
-		case s := <-c.in:
-			batch = append(batch, s)
-		case <-timer:
-			return batch
-		case <-ctx.Done():
-			return batch
-		}
-	}
-	return batch
-}
-
-// runPublisher publishes committed events in commit order until the
-// committer stops. A failed publish is logged: the events are durable and
+// runPublisher publishes committed events in commit order until publish is
+// closed. A failed publish is logged: the events are durable and
 // subscribers fill gaps from PostgreSQL.
-func (c *committer) runPublisher() {
-	for msgs := range c.publish {
-		c.pub.Publish(context.Background(), msgs)
+func runPublisher(pub task.Publisher, publish <-chan []task.Appended) {
+	for msgs := range publish {
+		pub.Publish(context.Background(), msgs)
 	}
 }
 
@@ -184,14 +166,19 @@ func (c *committer) commit(batch []*submission) {
 		}
 		return
 	}
+	// One acknowledgement per stream: its highest stored seq in the batch.
+	acks := make(map[*sink]int64, 64)
 	for _, s := range batch {
 		o := outs[s]
 		switch {
 		case o.err != nil:
 			s.sink.fail(o.err)
 		case o.ok && s.ev != nil:
-			s.sink.acked(s.ev.GetSeq())
+			acks[s.sink] = max(acks[s.sink], s.ev.GetSeq())
 		}
+	}
+	for sk, seq := range acks {
+		sk.acked(seq)
 	}
 	if len(pubs) > 0 {
 		c.ingested.Add(ctx, int64(len(pubs)))
@@ -205,8 +192,9 @@ func acceptsEvents(st task.Status) bool {
 	return st == task.StatusProposing || st == task.StatusQueued || st == task.StatusRunning
 }
 
-// known is what the committer wrote last for a task: its row and where its
-// timeline stood. Only the committer's goroutine touches these.
+// known is what a committer wrote last for a task: its row and where its
+// timeline stood. The committer holding the task (intake) reads and
+// replaces it, under knownMu.
 type known struct {
 	task task.Task
 	seqs task.Seqs
@@ -271,6 +259,7 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 	tasks := make(map[string]task.Task, len(ids))
 	seqs := make(map[string]task.Seqs, len(ids))
 	fast := true
+	c.knownMu.Lock()
 	for _, id := range ids {
 		k, ok := c.known[id]
 		if !ok {
@@ -279,18 +268,17 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 		}
 		tasks[id], seqs[id] = k.task, k.seqs
 	}
+	c.knownMu.Unlock()
 	if fast {
 		outs, pubs, err := c.write(ctx, conn, g, tasks, seqs, true)
 		if err == nil || !task.IsStale(err) {
 			if err != nil {
-				clear(c.known)
+				c.forget(ids)
 			}
 			return outs, pubs, err
 		}
 		// Someone else moved a task: forget, roll back, read afresh.
-		for _, id := range ids {
-			delete(c.known, id)
-		}
+		c.forget(ids)
 		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
 			return nil, nil, err
 		}
@@ -303,14 +291,25 @@ func (c *committer) transact(ctx context.Context, batch []*submission) (map[*sub
 	task.QueueLock(read, ids, tasks)
 	task.QueueLastSeqs(read, ids, seqs)
 	if err := conn.SendBatch(ctx, read).Close(); err != nil {
-		clear(c.known)
+		c.forget(ids)
 		return nil, nil, err
 	}
 	outs, pubs, err := c.write(ctx, conn, g, tasks, seqs, false)
 	if err != nil {
-		clear(c.known)
+		c.forget(ids)
 	}
 	return outs, pubs, err
+}
+
+// forget drops what is remembered of ids: a batch that failed may or may
+// not have been committed, and a stale task must be read afresh. (Only the
+// batch's tasks: the others' memories are untouched by it.)
+func (c *committer) forget(ids []string) {
+	c.knownMu.Lock()
+	for _, id := range ids {
+		delete(c.known, id)
+	}
+	c.knownMu.Unlock()
 }
 
 // write decides the batch (decide) and sends the writes and the COMMIT in
@@ -346,6 +345,7 @@ func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, g grouped, ta
 		k.task = n
 		d.finals[n.ID] = k
 	}
+	c.knownMu.Lock()
 	if len(c.known)+len(d.finals) > maxKnown {
 		clear(c.known)
 	}
@@ -356,6 +356,7 @@ func (c *committer) write(ctx context.Context, conn *pgxpool.Conn, g grouped, ta
 			delete(c.known, id) // finished: no more events to write
 		}
 	}
+	c.knownMu.Unlock()
 	return d.outs, d.pubs, nil
 }
 
@@ -436,7 +437,8 @@ func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) de
 			sq.Stored++
 			ended = eventwire.RunnerTerminal(s.ev)
 			d.outs[s] = outcome{ok: true}
-			d.add(id, t.Run, sq.Stored, seq, s.typ, false, eventwire.WithSeqRun(sq.Stored, t.Run, s.body))
+			msg, payload := eventwire.EncodeMessageBody(sq.Stored, t.Run, s.typ, false, s.body)
+			d.add(id, t.Run, sq.Stored, seq, s.typ, false, payload, msg)
 			if t.Status != from {
 				why := a.FailedReason
 				if t.Status == task.StatusAwaitingReview {
@@ -450,7 +452,7 @@ func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) de
 					continue // cannot happen: a well-formed message
 				}
 				sq.Stored++
-				d.add(id, t.Run, sq.Stored, 0, eventwire.TypeStatusChange, eventwire.Final(sc), body)
+				d.add(id, t.Run, sq.Stored, 0, eventwire.TypeStatusChange, eventwire.Final(sc), body, nil)
 			}
 		}
 		if !exists {
@@ -464,9 +466,11 @@ func decide(g grouped, tasks map[string]task.Task, seqs map[string]task.Seqs) de
 	return d
 }
 
-func (d *decision) add(id string, run int32, seq, runnerSeq int64, typ string, final bool, payload []byte) {
+// add appends one event to write and publish; msg, when not nil, is its
+// Redis message with payload as its tail (eventwire.EncodeMessageBody).
+func (d *decision) add(id string, run int32, seq, runnerSeq int64, typ string, final bool, payload, msg []byte) {
 	d.rows = append(d.rows, task.Row{TaskID: id, Seq: seq, RunnerSeq: runnerSeq, Run: run, Type: typ, Payload: payload})
-	d.pubs = append(d.pubs, task.Appended{TaskID: id, Seq: seq, Type: typ, Final: final, Payload: payload})
+	d.pubs = append(d.pubs, task.Appended{TaskID: id, Seq: seq, Type: typ, Final: final, Payload: payload, Msg: msg})
 }
 
 func terminalStatus(st task.Status, ended bool) string {

@@ -37,7 +37,7 @@ func newCommitterEnv(t *testing.T) *committerEnv {
 
 // committer is a new committer (each one stands for another replica).
 func (e *committerEnv) committer() *committer {
-	return newCommitter(e.cfg, e.db.Pool, e.rds.Client, slog.New(slog.DiscardHandler))
+	return newCommitter(e.cfg, e.db.Pool, slog.New(slog.DiscardHandler))
 }
 
 // running creates a task of alice's and moves it to running as Dispatch does.

@@ -1,9 +1,10 @@
 // Package events implements EventsService: the runner's mutually
-// authenticated Connect stream (Hello/Welcome, persist-then-ack with a group
-// committer shared by all streams: one transaction per batch, of one round
-// trip when the committer wrote the batch's tasks last and nobody changed
-// them since, task transitions applied through the task package's state
-// machine in that transaction), the fan-out of committed events through Redis
+// authenticated Connect stream (Hello/Welcome, persist-then-ack with group
+// commit shared by all streams: one transaction per batch, of one round trip
+// when the committers wrote the batch's tasks last and nobody changed them
+// since, task transitions applied through the task package's state machine
+// in that transaction; a second transaction at once only when one committer
+// cannot keep up, see intake), the fan-out of committed events through Redis
 // pub/sub, server-pushed Cancel across replicas, and Subscribe/ListEvents for
 // internal tools. It also exports the small pieces the gateway's SSE endpoint
 // reuses (channel names, event decoding, ListAfter).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"strconv"
@@ -43,7 +42,8 @@ type Server struct {
 	log    *slog.Logger
 	store  *Store
 	tasks  *task.Store
-	commit []*committer // a task's events always go to commit[shard(task)]
+	intake *intake // where runner streams leave their events for the committers
+	commit []*committer
 
 	ctx    context.Context // ends at Close: streams return Unavailable
 	stop   context.CancelFunc
@@ -81,25 +81,29 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 		ctx: ctx, stop: stop, ready: make(chan struct{}),
 		live: map[string]map[*runnerConn]struct{}{},
 	}
-	for range cfg.Committers {
-		c := newCommitter(cfg, pool, rdb, logger)
-		s.commit = append(s.commit, c)
-		s.wg.Add(2)
-		go func() { defer s.wg.Done(); c.run(ctx) }()
-		go func() { defer s.wg.Done(); c.runPublisher() }()
+	s.intake = newIntake(cfg.Committers, cfg.QueueSize, overflowAt(cfg))
+	s.commit = newCommitters(cfg.Committers, cfg, pool, logger)
+	var committing sync.WaitGroup
+	for k, c := range s.commit {
+		committing.Go(func() { c.run(ctx, s.intake, k) })
 	}
+	publish := s.commit[0].publish
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); committing.Wait(); close(publish) }()
+	go func() { defer s.wg.Done(); runPublisher(task.NewRedisPublisher(rdb, cfg.RedisPrefix, logger), publish) }()
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.runCancels(ctx) }()
 	return s, nil
 }
 
-// committerFor is the committer of a task's events: always the same one, so
-// they are committed in the order they arrive.
-func (s *Server) committerFor(taskID string) *committer {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(taskID))
-	return s.commit[h.Sum32()%uint32(len(s.commit))]
-}
+// overflowAt is how many submissions must wait before committers beyond
+// the first take work (see intake): a fifth of a full batch. Fewer, and a
+// second transaction would only split batches the first committer keeps
+// up with.
+func overflowAt(cfg Config) int { return max(cfg.MaxBatch/5, 1) }
+
+// Committers is the number of group committers this server runs.
+func (s *Server) Committers() int { return len(s.commit) }
 
 // Store returns the read side of task_events (for the gateway's replay).
 func (s *Server) Store() *Store { return s.store }
@@ -277,7 +281,6 @@ func (s *Server) readRunner(rs *runnerStream) {
 	case <-rs.done:
 		return
 	}
-	in := s.committerFor(rs.taskID).in
 	ended := false // the runner sent its terminal event on this stream
 	for {
 		m, err := rs.stream.Recv()
@@ -293,14 +296,13 @@ func (s *Server) readRunner(rs *runnerStream) {
 		// Until its terminal event the runner is still working: the
 		// Hello checked that none is stored, this tracks the stream.
 		sub.late, ended = !ended, ended || sub.ev != nil && eventwire.RunnerTerminal(sub.ev)
-		select {
-		case in <- sub:
-		case <-rs.done:
-			return
-		case <-s.ctx.Done():
-			rs.recvErr <- errShuttingDown
+		if !s.intake.enter(rs.done, s.ctx.Done()) {
+			if s.ctx.Err() != nil {
+				rs.recvErr <- errShuttingDown
+			}
 			return
 		}
+		s.intake.put(sub)
 		if sub.ev != nil && sub.ev.GetSeq() > rs.submitted.Load() {
 			rs.submitted.Store(sub.ev.GetSeq())
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/taskrunner/taskrunner/services/errs"
 )
@@ -118,9 +119,11 @@ func QueueAppend(b *pgx.Batch, rows []Row) {
 	if len(rows) == 0 {
 		return
 	}
-	ids, seqs, rseqs, runs, types, payloads := make([]string, len(rows)), make([]int64, len(rows)), make([]int64, len(rows)), make([]int32, len(rows)), make([]string, len(rows)), make([]string, len(rows))
+	// Payloads go as they are: a []byte encodes as text without a copy, and
+	// FlatArray is pgx's array path without reflection.
+	ids, seqs, rseqs, runs, types, payloads := make([]string, len(rows)), make([]int64, len(rows)), make([]int64, len(rows)), make([]int32, len(rows)), make([]string, len(rows)), make(pgtype.FlatArray[[]byte], len(rows))
 	for i, r := range rows {
-		ids[i], seqs[i], rseqs[i], runs[i], types[i], payloads[i] = r.TaskID, r.Seq, r.RunnerSeq, r.Run, r.Type, string(r.Payload)
+		ids[i], seqs[i], rseqs[i], runs[i], types[i], payloads[i] = r.TaskID, r.Seq, r.RunnerSeq, r.Run, r.Type, r.Payload
 	}
 	b.Queue(insertEvents, ids, seqs, rseqs, runs, types, payloads)
 }

@@ -40,10 +40,18 @@ type Appended struct {
 	Type    string
 	Final   bool   // the timeline ends here (eventwire.Final)
 	Payload []byte // eventwire JSON, seq included
+	// Msg, when a writer made it with the payload
+	// (eventwire.EncodeMessageBody), is the Redis message, sent as it is.
+	Msg []byte
 }
 
 // Message is the Redis message of a (the eventwire form).
-func (a Appended) Message() []byte { return eventwire.EncodeMessage(a.Seq, a.Type, a.Final, a.Payload) }
+func (a Appended) Message() []byte {
+	if a.Msg != nil {
+		return a.Msg
+	}
+	return eventwire.EncodeMessage(a.Seq, a.Type, a.Final, a.Payload)
+}
 
 // Publisher fans committed events out to subscribers. It must not block
 // for long and never fails the caller: subscribers fill any gap from the
@@ -75,8 +83,12 @@ func (p *RedisPublisher) Publish(ctx context.Context, evs []Appended) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, err := p.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		var task, channel string // writers append a task's events together
 		for _, e := range evs {
-			pl.Publish(ctx, eventwire.Channel(p.prefix, e.TaskID), e.Message())
+			if e.TaskID != task || channel == "" {
+				task, channel = e.TaskID, eventwire.Channel(p.prefix, e.TaskID)
+			}
+			pl.Publish(ctx, channel, e.Message())
 		}
 		return nil
 	})
