@@ -123,6 +123,17 @@ bench-events: check-go
 	$(BIN)/devstack deps --dev-dir $(DEV) > $(DEV)/bench.env
 	source $(DEV)/bench.env && $(BIN)/bench-events $(BENCH_FLAGS)
 
+# The committers sweep (issue 17): bench-events' new design with 1, 2 and 4
+# group committers, on 1 core and on every core, each time with a PostgreSQL
+# and a Redis of its own pinned to the same cores (tools/bench/committers.sh),
+# about 8 minutes on 2 cores. BENCH_CPUSETS='0 0-3' and
+# BENCH_COMMITTERS=1,2,4,8 choose what it measures.
+.PHONY: bench-committers
+bench-committers: check-go
+	@mkdir -p $(DEV)
+	$(GO) build -o $(BIN)/bench-events ./tools/bench/cmd/bench-events
+	BENCH_BIN=$(BIN)/bench-events BENCH_FLAGS='$(BENCH_FLAGS)' tools/bench/committers.sh
+
 # The SSE fan-out benchmark (issue 17): the gateway's SSE hub against Mercure
 # (embedded, in tools/bench's own module), about 5 minutes on 2 cores; it
 # raises its open-file limit itself. Smaller runs: make bench-sse BENCH_FLAGS='-idle 1000 -subs 100'.

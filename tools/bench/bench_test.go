@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime/metrics"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +88,82 @@ func TestScenariosEndToEnd(t *testing.T) {
 	var stored int64
 	require.NoError(t, env.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events WHERE runner_seq IS NOT NULL`).Scan(&stored))
 	require.Equal(t, int64(4*80), stored, "each event stored once")
+
+	// The physical reference stores the same rows as the new design does,
+	// in transactions of ReferenceBatch rows: 2 × 250 rows, 3 transactions
+	// per writer.
+	ref := base
+	ref.Design, ref.Events, ref.SSE = DesignReference, 250, 0
+	r, err := env.Run(ctx, ref)
+	require.NoError(t, err)
+	require.Equal(t, int64(500), r.Acked)
+	require.False(t, r.Capped)
+	require.Positive(t, r.Window)
+	require.Positive(t, r.EventsPerSec())
+	require.Equal(t, 6, r.AckLatency.N, "one latency per transaction")
+	var refRows, refTasks, badSeqs int64
+	require.NoError(t, env.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT task_id) FROM task_events WHERE runner_seq IS NOT NULL`).Scan(&refRows, &refTasks))
+	require.Equal(t, int64(4*80+500), refRows)
+	require.Equal(t, int64(4*2+2), refTasks)
+	// Each reference task's timeline continues its control-plane events
+	// without a gap, and the payloads carry their seq, as the new design's.
+	require.NoError(t, env.Pool.QueryRow(ctx, `SELECT count(*) FROM task_events e
+		WHERE e.payload->>'seq' <> e.seq::text OR e.seq <> (SELECT count(*) FROM task_events p WHERE p.task_id = e.task_id AND p.seq <= e.seq)`).Scan(&badSeqs))
+	require.Zero(t, badSeqs)
+}
+
+func TestGoalsJudgeIngestBesideTheReference(t *testing.T) {
+	ingest := func(results []Result) Verdict { return Goals(results)[2] }
+	require.False(t, ingest(nil).Run, "no unpaced run without added rtt: not run")
+
+	fast := Result{Scenario: Scenario{Design: DesignNew, Runners: 50, SSE: 200}, Acked: 110_000, Window: 2 * time.Second}
+	ref := Result{Scenario: Scenario{Design: DesignReference, Runners: 50}, Acked: 100_000, Window: time.Second}
+	paced := Result{Scenario: Scenario{Design: DesignNew, Rate: GoalRate, Runners: 50, SSE: GoalSSEClients}, Acked: 50_000, Window: 10 * time.Second}
+	v := ingest([]Result{paced, ref, fast})
+	require.True(t, v.Run)
+	require.True(t, v.Pass)
+	require.Contains(t, v.Goal, "50,000")
+	require.Contains(t, v.Measured, "55000 acked ev/s")
+	require.Contains(t, v.Measured, "reference in the same run 100000 rows/s, new÷reference 0.55×")
+
+	slow := fast
+	slow.Window = 3 * time.Second
+	require.False(t, ingest([]Result{slow}).Pass)
+	lost := fast
+	lost.Missing = 1
+	require.False(t, ingest([]Result{lost}).Pass, "an event lost fails the goal")
+	capped := fast
+	capped.Capped = true
+	require.False(t, ingest([]Result{capped}).Pass, "a run that did not finish fails the goal")
+	delayed := fast
+	delayed.RTT = GoalRatioRTT
+	require.False(t, ingest([]Result{delayed}).Run, "only the run without added rtt counts")
+
+	var out strings.Builder
+	WriteRatios(&out, []Result{ref, fast})
+	require.Contains(t, out.String(), "new÷reference 0.55×")
+	require.Equal(t, "1,234,567", thousands(1234567))
+	require.Equal(t, "999", thousands(999))
+}
+
+func TestSweepSummary(t *testing.T) {
+	point := func(committers, round int, evs, p99ms int64) SweepPoint {
+		return SweepPoint{Committers: committers, Round: round, Cores: 2, Results: []Result{
+			{Scenario: Scenario{Design: DesignNew, Rate: 100}, Acked: 1000, Window: 10 * time.Second, Latency: Latencies{P99: time.Duration(p99ms) * time.Millisecond}},
+			{Scenario: Scenario{Design: DesignNew, Rate: 100}, Acked: 1000, Window: 10 * time.Second, Latency: Latencies{P99: time.Duration(p99ms+10) * time.Millisecond}},
+			{Scenario: Scenario{Design: DesignNew, Rate: 100}, Acked: 1000, Window: 10 * time.Second, Latency: Latencies{P99: time.Duration(p99ms-5) * time.Millisecond}},
+			{Scenario: Scenario{Design: DesignNew}, Acked: evs, Window: time.Second},
+		}}
+	}
+	points := []SweepPoint{point(1, 1, 40000, 20), point(2, 1, 50000, 30), point(1, 2, 42000, 22), point(2, 2, 54000, 40)}
+	require.Equal(t, []SweepRow{
+		{Cores: 2, Committers: 1, EventsPerSec: 41000, PacedP99: 21 * time.Millisecond},
+		{Cores: 2, Committers: 2, EventsPerSec: 52000, PacedP99: 35 * time.Millisecond},
+	}, SweepSummary(points))
+	var out strings.Builder
+	WriteSweep(&out, points)
+	require.Contains(t, out.String(), "20.0; 20.0, 30.0, 15.0")
+	require.Equal(t, 3*time.Millisecond, median([]time.Duration{5 * time.Millisecond, time.Millisecond, 3 * time.Millisecond}))
 }
 
 func TestPercentile(t *testing.T) {

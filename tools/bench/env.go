@@ -92,7 +92,9 @@ type Env struct {
 	baseTLS  *tls.Config
 	Baseline *BaselineServer
 	sse      *sse.Handler // the gateway's SSE handler, for its open-stream gauge
-	closeFns []func()
+	// Committers is the Events service's number of group committers.
+	Committers int
+	closeFns   []func()
 
 	clientCmd []string
 }
@@ -261,6 +263,7 @@ func (e *Env) startServices(ctx context.Context, o EnvOptions) error {
 	if err != nil {
 		return err
 	}
+	e.Committers = evs.Committers()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		evs.Close()

@@ -5,18 +5,20 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 )
 
-// Goals of issue 3's acceptance.
+// Goals of issue 3's acceptance, and issue 17's durable ingest.
 const (
 	GoalRatioRTT   = 26 * time.Millisecond
 	GoalRatio      = 10.0
 	GoalP99        = 50 * time.Millisecond
 	GoalRate       = 5000.0
 	GoalSSEClients = 200
+	GoalIngest     = 50000.0 // acked events/s of the new design's unpaced run without added rtt
 )
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)) }
@@ -79,7 +81,8 @@ func Ratios(results []Result) []Ratio {
 	return out
 }
 
-// WriteRatios prints new/baseline per RTT.
+// WriteRatios prints new/baseline per RTT, then the new design's durable
+// ingest beside the physical reference.
 func WriteRatios(w io.Writer, results []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "added rtt\tacked ev/s new÷baseline\tserver cpu/1k new÷baseline\tp99 new÷baseline\t")
@@ -87,6 +90,33 @@ func WriteRatios(w io.Writer, results []Result) {
 		fmt.Fprintf(tw, "%s\t%.1f×\t%.2f×\t%.2f×\t\n", rttName(r.RTT), r.Throughput, r.CPU, r.P99)
 	}
 	_ = tw.Flush()
+	n, okN := ingestRun(results)
+	ref, okRef := referenceRun(results)
+	if okN && okRef && ref.EventsPerSec() > 0 {
+		fmt.Fprintf(w, "\ndurable ingest, no added rtt: new design %.0f acked ev/s (%d runners, %d SSE clients) beside the physical reference, plain pgx.Batch of %d rows per transaction from %d writers, %.0f rows/s: new÷reference %.2f×\n",
+			n.EventsPerSec(), n.Runners, n.SSE, ReferenceBatch, ref.Runners, ref.EventsPerSec(), n.EventsPerSec()/ref.EventsPerSec())
+	}
+}
+
+// ingestRun is the new design's unpaced run without added rtt: the durable
+// ingest figure.
+func ingestRun(results []Result) (Result, bool) {
+	for _, r := range results {
+		if r.Design == DesignNew && r.Rate == 0 && r.RTT == 0 {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
+// referenceRun is the physical reference's run.
+func referenceRun(results []Result) (Result, bool) {
+	for _, r := range results {
+		if r.Design == DesignReference {
+			return r, true
+		}
+	}
+	return Result{}, false
 }
 
 // Verdict is one goal's outcome.
@@ -131,7 +161,25 @@ func Goals(results []Result) []Verdict {
 			latency.Measured += "; a trial missed the rate or lost events"
 		}
 	}
-	return []Verdict{ratio, latency}
+	ingest := Verdict{Goal: fmt.Sprintf("durable ingest ≥ %s events/s (new design, no added rtt)", thousands(GoalIngest))}
+	if n, ok := ingestRun(results); ok {
+		ingest.Run = true
+		ingest.Pass = n.EventsPerSec() >= GoalIngest && !n.Capped && n.Missing == 0
+		ingest.Measured = fmt.Sprintf("%.0f acked ev/s (%d runners, %d SSE clients, %d missing)", n.EventsPerSec(), n.Runners, n.SSE, n.Missing)
+		if ref, ok := referenceRun(results); ok && ref.EventsPerSec() > 0 {
+			ingest.Measured += fmt.Sprintf("; plain pgx.Batch reference in the same run %.0f rows/s, new÷reference %.2f×", ref.EventsPerSec(), n.EventsPerSec()/ref.EventsPerSec())
+		}
+	}
+	return []Verdict{ratio, latency, ingest}
+}
+
+// thousands formats v with comma separators ("50,000").
+func thousands(v float64) string {
+	s := strconv.FormatInt(int64(v), 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 // WriteGoals prints PASS/FAIL per goal.

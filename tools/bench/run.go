@@ -19,6 +19,9 @@ import (
 const (
 	DesignNew      = "new (gRPC mTLS stream)"
 	DesignBaseline = "baseline (HMAC POST)"
+	// DesignReference is the physical reference (physical.go): the same
+	// rows by plain pgx.Batch inserts.
+	DesignReference = "pgx.Batch reference"
 )
 
 // Scenario is one measured run.
@@ -95,9 +98,20 @@ const logFiller = "tool_use Edit src/widgets/widget.go: applied 3 hunks; $ go te
 // at 0, n/4, n/2 and 3n/4, diff stats every diffEvery-th event, and
 // ~200-byte log tails otherwise. No terminal event: the tasks stay running.
 func workloadEvent(r, i, n, diffEvery int) *taskrunnerv1.Event {
-	stage := map[int]taskrunnerv1.TaskStage{0: taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE, n / 4: taskrunnerv1.TaskStage_TASK_STAGE_PROPOSE,
-		n / 2: taskrunnerv1.TaskStage_TASK_STAGE_APPLY, 3 * n / 4: taskrunnerv1.TaskStage_TASK_STAGE_ARCHIVE}
-	if s, ok := stage[i]; ok && (i == 0 || n >= 4) {
+	// Below 4 events the quarters coincide: only the first stage is sent.
+	var s taskrunnerv1.TaskStage
+	switch {
+	case i == 0:
+		s = taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE
+	case n < 4:
+	case i == n/4:
+		s = taskrunnerv1.TaskStage_TASK_STAGE_PROPOSE
+	case i == n/2:
+		s = taskrunnerv1.TaskStage_TASK_STAGE_APPLY
+	case i == 3*n/4:
+		s = taskrunnerv1.TaskStage_TASK_STAGE_ARCHIVE
+	}
+	if s != taskrunnerv1.TaskStage_TASK_STAGE_UNSPECIFIED {
 		return &taskrunnerv1.Event{Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: s}}}
 	}
 	if diffEvery > 0 && i%diffEvery == diffEvery/2 {
@@ -110,8 +124,12 @@ func workloadEvent(r, i, n, diffEvery int) *taskrunnerv1.Event {
 
 // Run performs one scenario on fresh running tasks: this process serves,
 // a child process (EnvOptions.ClientCommand running RunClient) plays the
-// runners and the SSE clients.
+// runners and the SSE clients. The physical reference (DesignReference)
+// runs in this process instead (see runReference).
 func (e *Env) Run(ctx context.Context, sc Scenario) (Result, error) {
+	if sc.Design == DesignReference {
+		return e.runReference(ctx, sc) // in this process: no client process, no added rtt
+	}
 	res := Result{Scenario: sc, Target: int64(sc.Runners) * int64(sc.Events)}
 	if len(e.clientCmd) == 0 {
 		return res, errors.New("bench: no client command to run the clients with")
