@@ -180,7 +180,7 @@ func run() error {
 	fmt.Println()
 	bench.WriteSSEGoals(os.Stdout, results)
 	fmt.Println()
-	fmt.Println("deliveries/s: events received by all subscribers over the window from the first publish to the last receipt. ack: publish → acknowledgement (taskrunner: the Events service's Ack after the PostgreSQL commit, polled every 20 µs; mercure: the POST's answer after the Bolt write). e2e: publish → receipt, every subscriber's copy.")
+	fmt.Println("deliveries/s: events received by all subscribers over the window from the first publish to the last receipt. ack: publish → acknowledgement (taskrunner: the Events service's Ack after the PostgreSQL commit, polled every 20 to 200 µs; mercure: the POST's answer after the Bolt write). e2e: publish → receipt, every subscriber's copy.")
 	fmt.Println("server cpu: this process (taskrunner: Events + Task services and the gateway's SSE handler; mercure: the embedded hub) user+sys over the run (idle: the connects); pg+redis: local postgres and redis-server processes (approximate, and shared with anything else on the host); clients cpu: the client process (publishers and subscribers).")
 	fmt.Println("rss/conn: VmRSS growth of this process (after GC and returning freed memory to the OS) from before the connects to with every connection open, ÷ connections. The connect storm is each idle scenario's connect phase.")
 	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), bench.LoadAvg())
