@@ -91,7 +91,7 @@ test: check-go npm build jaeger chromium agent-access bubblewrap
 # under load (golang/go#75804, fixed in Go 1.27), which a count cannot hit.
 # `make fuzz FUZZTIME=5m` runs each for longer (a duration: the same race is
 # possible at its end; a real finding always writes testdata/fuzz/…).
-FUZZTIME ?= 20000x
+FUZZTIME ?= 10000x
 FUZZ_TARGETS := ./platform/redact/:FuzzRedact ./platform/redact/:FuzzClean ./platform/redact/:FuzzTruncate \
   ./platform/eventwire/:FuzzMessageRoundTrip ./platform/eventwire/:FuzzDecodeMessage ./platform/eventwire/:FuzzDecodeEvent \
   ./platform/eventwire/:FuzzFastJSON ./platform/eventwire/:FuzzEncodeMessageBody \

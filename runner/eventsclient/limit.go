@@ -31,6 +31,10 @@ const LogBatchBytes = MaxEventBytes * 3 / 4
 // already bounded at 1 KiB by their producers; this only stops a bug from ending the stream.
 const maxFieldBytes = 4 << 10
 
+// numberedRoom is what numbering adds to an event's JSON at most: "seq" and "run" with
+// the longest int64s, quoted as protojson quotes them, with their commas.
+const numberedRoom = 2 * len(`"seq":"-9223372036854775808",`)
+
 // minBudget keeps SplitLines meaningful: below it not even the truncation mark fits.
 const minBudget = 256
 
@@ -129,6 +133,9 @@ func jsonByteLen(b byte) int {
 // and no bigger than maxBytes. A log event over the limit becomes several log events (same
 // time and stage, lines in order); any other event over it has its long strings cut.
 func fitEvent(ev *taskrunnerv1.Event, maxBytes int) ([]*taskrunnerv1.Event, error) {
+	// The event is measured before it is numbered; the server measures it with its seq and
+	// run, which must fit too.
+	maxBytes -= numberedRoom
 	e := copyFrequent(ev)
 	if e == nil {
 		e = proto.Clone(ev).(*taskrunnerv1.Event)
