@@ -615,6 +615,13 @@ func checkMetrics(t *testing.T, s *stack) {
 	metricValue(t, m, "taskrunner_queue_depth")
 	g := get(s.api + "/metrics")
 	metricValue(t, g, "taskrunner_sse_subscribers")
+	metricValue(t, g, "taskrunner_sse_parked")
+	metricValue(t, g, "taskrunner_sse_queued_bytes")
+	metricValue(t, g, "taskrunner_sse_cut_off_total")
+	// The process's cost, to divide by the streams.
+	require.Greater(t, metricValue(t, g, "taskrunner_process_resident_memory_bytes"), 1e6)
+	require.Greater(t, metricValue(t, g, "taskrunner_process_cpu_time_seconds_total"), 0.0)
+	require.Greater(t, metricValue(t, g, "taskrunner_process_goroutines"), 1.0)
 }
 
 // dropTestState removes the database and the Redis keys the stack created.
