@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"time"
 )
@@ -100,4 +101,35 @@ func LoadAvg() string {
 	}
 	f := strings.Fields(string(b))
 	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+// Host describes the machine the figures come from: its CPU model (the
+// first "model name" of /proc/cpuinfo) and count. Absolute figures (events
+// per second, CPU-seconds) differ between machines; the ratios measured in
+// one run are what compare.
+func Host() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %d CPUs", model, runtime.NumCPU())
+}
+
+// Steal measures the share of the machine's CPU time that the hypervisor
+// gave to others from Steal's call to the returned function's; a high share
+// means the figures are low for reasons outside the run.
+func Steal() func() string {
+	a := readHostTimes()
+	return func() string {
+		b := readHostTimes()
+		if a.total == 0 || b.total <= a.total {
+			return "unknown"
+		}
+		return fmt.Sprintf("%.1f%%", hostShares(a, b).Steal)
+	}
 }

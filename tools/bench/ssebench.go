@@ -107,6 +107,8 @@ type SSEClientResult struct {
 	Reconnects    int64         `json:"reconnects"`
 	ConnectFailed int64         `json:"connect_failed"` // subscribers never connected
 	Latency       Latencies     `json:"latency"`        // publish → receive, every copy
+	FirstCopy     Latencies     `json:"first_copy"`     // publish → the first subscriber's receipt, per event
+	LastCopy      Latencies     `json:"last_copy"`      // publish → the last subscriber's receipt, per event
 	Connect       Latencies     `json:"connect"`        // dial → the stream's first line (idle)
 	FirstErr      string        `json:"first_err,omitempty"`
 	CPU           time.Duration `json:"cpu"` // the client process, go → done

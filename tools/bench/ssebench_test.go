@@ -54,6 +54,10 @@ func TestSSEScenariosEndToEnd(t *testing.T) {
 					require.Equal(t, int(r.Delivered), r.Latency.N, "one latency per copy")
 					require.Positive(t, r.Latency.P50)
 					require.Positive(t, r.DeliveriesPerSec())
+					require.Equal(t, int(want), r.FirstCopy.N, "a first and a last copy per event")
+					require.Equal(t, int(want), r.LastCopy.N)
+					require.LessOrEqual(t, r.FirstCopy.P50, r.LastCopy.P50)
+					require.Equal(t, r.Latency.Max, r.LastCopy.Max, "the slowest copy is some event's last")
 					if sc.Rate == 0 {
 						require.Equal(t, int(want), r.Ack.N, "a sequential publisher times every acknowledgement")
 					} else {
@@ -72,6 +76,36 @@ func TestSSEScenariosEndToEnd(t *testing.T) {
 		}
 	}
 	require.Len(t, SSEPairs(results), 4, "each scenario ran on both hubs")
+}
+
+// TestCopies checks the per-event first and last copy: each event's
+// fastest and slowest subscriber of its own task, leaving out subscribers
+// whose latencies do not line up with the events (one missed an event).
+func TestCopies(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		var out []time.Duration
+		for _, x := range v {
+			out = append(out, time.Duration(x)*time.Millisecond)
+		}
+		return out
+	}
+	c := &sseRun{spec: SSESpec{Tasks: []SSETask{{ID: "a"}, {ID: "b"}}}, sc: SSEScenario{Events: 2}}
+	c.subs = []*subscriber{
+		{want: 2, lat: ms(5, 7)},         // task a
+		{want: 2, lat: ms(1, 30)},        // task b
+		{want: 2, lat: ms(9, 2)},         // task a
+		{want: 2, lat: ms(100), gaps: 1}, // task b, missed one: left out
+		{want: 2, lat: ms(3, 4)},         // task a
+	}
+	first, last := c.copies()
+	// a: event 1 from 3 to 9 ms, event 2 from 2 to 7; b: 1 and 30.
+	// Firsts 1 2 3 30, lasts 1 7 9 30 (nearest-rank p50: the second).
+	require.Equal(t, 4, first.N, "two events of two tasks")
+	require.Equal(t, 4, last.N)
+	require.Equal(t, 2*time.Millisecond, first.P50)
+	require.Equal(t, 7*time.Millisecond, last.P50)
+	require.Equal(t, 30*time.Millisecond, first.Max)
+	require.Equal(t, 30*time.Millisecond, last.Max)
 }
 
 // TestSubscriberCounts checks the loss and duplicate accounting that the

@@ -137,7 +137,39 @@ func (c *sseRun) stopSubs(cancel context.CancelFunc, res *SSEClientResult) {
 		}
 	}
 	res.Expected = int64(len(c.subs)) * int64(c.sc.Events)
+	res.FirstCopy, res.LastCopy = c.copies()
 	res.Latency, res.Connect = Summarise(lat), Summarise(conn)
+}
+
+// copies is, for every event of every task, its first and its last
+// subscriber's publish → receive: the first is the way to the hub and
+// through it, the spread between them the fan-out. Only subscribers that
+// received every event in order count (their i-th latency is event i's).
+func (c *sseRun) copies() (first, last Latencies) {
+	if len(c.spec.Tasks) == 0 {
+		return
+	}
+	var firsts, lasts []time.Duration
+	for t := range c.spec.Tasks {
+		for i := range c.sc.Events {
+			lo, hi := time.Duration(-1), time.Duration(-1)
+			for j := t; j < len(c.subs); j += len(c.spec.Tasks) {
+				s := c.subs[j]
+				if s.gaps > 0 || len(s.lat) != int(s.want) {
+					continue
+				}
+				d := s.lat[i]
+				if lo < 0 || d < lo {
+					lo = d
+				}
+				hi = max(hi, d)
+			}
+			if lo >= 0 {
+				firsts, lasts = append(firsts, lo), append(lasts, hi)
+			}
+		}
+	}
+	return Summarise(firsts), Summarise(lasts)
 }
 
 func (c *sseRun) idle(ctx context.Context, say func(string) error, wait func(string) error) (SSEClientResult, error) {

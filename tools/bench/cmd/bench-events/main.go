@@ -252,13 +252,17 @@ func runScenarios(ctx context.Context, env *bench.Env, o options, scenarios []be
 	return results, nil
 }
 
-func printHeader(ctx context.Context, env *bench.Env, o options) {
+// printHeader prints what the figures come from and returns the host's CPU
+// steal since then, for the footer.
+func printHeader(ctx context.Context, env *bench.Env, o options) (steal func() string) {
 	fmt.Printf("bench-events: GOMAXPROCS=%d NumCPU=%d %s; PostgreSQL synchronous_commit=%s fsync=%s; database %s (dropped at exit), Redis prefix %q\n",
 		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), env.SynchronousCommit, env.Fsync, env.DBName(), env.Prefix)
 	probe(ctx, env, "at start")
-	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n", bench.LoadAvg())
+	steal = bench.Steal()
+	fmt.Printf("host: %s; load average at start: %s (other work on the machine skews every figure)\n", bench.Host(), bench.LoadAvg())
 	fmt.Printf("workload: %d runners × %d events (~200-byte log tails, stage changes explore→propose→apply→archive, diff stats every %dth), %d SSE clients; throughput runs capped at %s\n\n",
 		o.runners, o.perRunner, o.diffEvery, o.sseClients, o.capFor)
+	return steal
 }
 
 func probe(ctx context.Context, env *bench.Env, when string) {
@@ -276,7 +280,7 @@ func runComparison(ctx context.Context, o options, logger *slog.Logger) error {
 		return err
 	}
 	defer env.Close()
-	printHeader(ctx, env, o)
+	steal := printHeader(ctx, env, o)
 	fmt.Printf("events service: %d group committer(s)\n\n", env.Committers)
 
 	results, err := runScenarios(ctx, env, o, comparisonScenarios(o), "")
@@ -294,7 +298,7 @@ func runComparison(ctx context.Context, o options, logger *slog.Logger) error {
 	fmt.Println("ack: runner send → acknowledgement (new: polled every 1 ms; pgx.Batch: one transaction of 100 rows). e2e: runner send → SSE client receive, every client's copy. Unpaced new-design runs send everything at once, so their latency is mostly queueing; the paced run is the latency figure.")
 	fmt.Println("server cpu: the server process (new: Events + Task services and the gateway's SSE handler; baseline: its callback handler and the same SSE handler; pgx.Batch: its writers) user+sys; clients cpu: the client process (runners, SSE clients, delay proxy); pg+redis: local postgres and redis-server processes (approximate). peak rss: VmHWM of the server process, reset per run.")
 	probe(ctx, env, "at end")
-	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), bench.LoadAvg())
+	fmt.Printf("total %.0fs; host load average at end: %s; CPU steal over the run: %s (the hypervisor running others on this machine's CPUs)\n", time.Since(began).Seconds(), bench.LoadAvg(), steal())
 	return nil
 }
 
@@ -304,8 +308,9 @@ func runComparison(ctx context.Context, o options, logger *slog.Logger) error {
 // within each round so that drift on the host spreads over all of them.
 func runSweep(ctx context.Context, o options, logger *slog.Logger) error {
 	began := time.Now()
-	fmt.Printf("bench-events committers sweep: GOMAXPROCS=%d NumCPU=%d %s; committers %v, %d round(s); host load average at start: %s\n",
-		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), o.sweep, o.sweepRounds, bench.LoadAvg())
+	steal := bench.Steal()
+	fmt.Printf("bench-events committers sweep: GOMAXPROCS=%d NumCPU=%d %s; committers %v, %d round(s); host: %s; load average at start: %s\n",
+		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), o.sweep, o.sweepRounds, bench.Host(), bench.LoadAvg())
 	fmt.Printf("workload: %d runners × %d events, %d SSE clients; paced: %.0f events/s for %s, %d trial(s)\n\n",
 		o.runners, o.perRunner, o.sseClients, o.rate, o.pacedFor, o.trials)
 	var points []bench.SweepPoint
@@ -319,7 +324,7 @@ func runSweep(ctx context.Context, o options, logger *slog.Logger) error {
 		}
 	}
 	bench.WriteSweep(os.Stdout, points)
-	fmt.Printf("\ntotal %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), bench.LoadAvg())
+	fmt.Printf("\ntotal %.0fs; host load average at end: %s; CPU steal over the run: %s\n", time.Since(began).Seconds(), bench.LoadAvg(), steal())
 	return nil
 }
 

@@ -128,7 +128,8 @@ func run() error {
 	defer env.Close()
 	fmt.Printf("bench-sse: GOMAXPROCS=%d NumCPU=%d %s; open-file limit %d (each process raises its own with setrlimit when lower than it needs); database %s (dropped at exit), Redis prefix %q\n",
 		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), nofile, env.DBName(), env.Prefix)
-	fmt.Printf("host load average at start: %s (other work on the machine skews every figure)\n\n", bench.LoadAvg())
+	steal := bench.Steal()
+	fmt.Printf("host: %s; load average at start: %s (other work on the machine skews every figure)\n\n", bench.Host(), bench.LoadAvg())
 
 	var scenarios []bench.SSEScenario
 	add := func(sc bench.SSEScenario) {
@@ -180,10 +181,10 @@ func run() error {
 	fmt.Println()
 	bench.WriteSSEGoals(os.Stdout, results)
 	fmt.Println()
-	fmt.Println("deliveries/s: events received by all subscribers over the window from the first publish to the last receipt. ack: publish → acknowledgement (taskrunner: the Events service's Ack after the PostgreSQL commit, polled every 20 to 200 µs; mercure: the POST's answer after the Bolt write). e2e: publish → receipt, every subscriber's copy.")
+	fmt.Println("deliveries/s: events received by all subscribers over the window from the first publish to the last receipt. ack: publish → acknowledgement (taskrunner: the Events service's Ack after the PostgreSQL commit, polled every 20 to 200 µs; mercure: the POST's answer after the Bolt write). e2e: publish → receipt, every subscriber's copy; first / last copy: per event, its fastest and its slowest subscriber's publish → receipt (the first is the way into the hub and through it, the spread to the last is the fan-out).")
 	fmt.Println("server cpu: this process (taskrunner: Events + Task services and the gateway's SSE handler; mercure: the embedded hub) user+sys over the run (idle: the connects); pg+redis: local postgres and redis-server processes (approximate, and shared with anything else on the host); clients cpu: the client process (publishers and subscribers).")
 	fmt.Println("rss/conn: VmRSS growth of this process (after GC and returning freed memory to the OS) from before the connects to with every connection open, ÷ connections. The connect storm is each idle scenario's connect phase.")
-	fmt.Printf("total %.0fs; host load average at end: %s\n", time.Since(began).Seconds(), bench.LoadAvg())
+	fmt.Printf("total %.0fs; host load average at end: %s; CPU steal over the run: %s (the hypervisor running others on this machine's CPUs)\n", time.Since(began).Seconds(), bench.LoadAvg(), steal())
 
 	var bad []string
 	for _, r := range results {
