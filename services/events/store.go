@@ -6,6 +6,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/taskrunner/taskrunner/services/errs"
+	"github.com/taskrunner/taskrunner/services/task"
 )
 
 // Record is a stored event row. Payload is EncodeEvent's JSON (as normalised
@@ -72,6 +75,33 @@ func (s *Store) Page(ctx context.Context, taskID string, afterSeq int64, limit, 
 	if err != nil {
 		return nil, false, err
 	}
+	return scanPage(rows, limit, maxBytes)
+}
+
+// OwnedPage is Page for a caller that may read only owner's tasks (owner
+// "": any): it reads the task (task.QueueGet) and the page in one round
+// trip, and answers NotFound, as task.Store.Get does, when the task is
+// missing or another owner's (whose events are then read and dropped).
+func (s *Store) OwnedPage(ctx context.Context, taskID, owner string, afterSeq int64, limit, maxBytes int) (recs []Record, more bool, err error) {
+	var t task.Task
+	var found bool
+	b := &pgx.Batch{}
+	task.QueueGet(b, taskID, owner, &t, &found)
+	b.Queue(listPage, taskID, afterSeq, limit+1, maxBytes).Query(func(rows pgx.Rows) error {
+		recs, more, err = scanPage(rows, limit, maxBytes)
+		return err
+	})
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, false, err
+	}
+	if !found {
+		return nil, false, errs.NotFound("task", taskID)
+	}
+	return recs, more, nil
+}
+
+// scanPage reads listPage's rows (see Page).
+func scanPage(rows pgx.Rows, limit, maxBytes int) (recs []Record, more bool, err error) {
 	var upto []int64
 	recs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Record, error) {
 		var rec Record

@@ -143,7 +143,11 @@ func (k subscribeSink) Send(e *taskrunnerv1.Event) error {
 // ListEvents implements EventsService: one page of stored events, oldest
 // first. The page token is opaque to clients.
 func (s *Server) ListEvents(ctx context.Context, req *taskrunnerv1.ListEventsRequest) (*taskrunnerv1.ListEventsResponse, error) {
-	if _, err := s.ownedTask(ctx, req.GetTaskId()); err != nil {
+	p, err := auth.RequireScope(ctx, auth.ScopeTasks)
+	if err != nil {
+		return nil, err
+	}
+	if err := task.ValidateID("task_id", req.GetTaskId()); err != nil {
 		return nil, err
 	}
 	size := int(req.GetPageSize())
@@ -164,7 +168,9 @@ func (s *Server) ListEvents(ctx context.Context, req *taskrunnerv1.ListEventsReq
 		}
 		after = max(after, seq)
 	}
-	recs, more, err := s.store.Page(ctx, req.GetTaskId(), after, size, s.cfg.maxPageBytes())
+	// The owner check and the page in one round trip: another owner's task
+	// is NotFound, like a missing one.
+	recs, more, err := s.store.OwnedPage(ctx, req.GetTaskId(), p.Owner, after, size, s.cfg.maxPageBytes())
 	if err != nil {
 		return nil, err
 	}

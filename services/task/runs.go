@@ -187,6 +187,11 @@ func (s *Store) Runs(ctx context.Context, t *Task) error {
 		return err
 	}
 	defer rows.Close()
+	return scanRuns(rows, t)
+}
+
+// scanRuns reads runsOf's rows into t.Runs (see Runs).
+func scanRuns(rows pgx.Rows, t *Task) error {
 	t.Runs = nil
 	var total Usage
 	for rows.Next() {

@@ -169,14 +169,16 @@ func idempotencyKey(ctx context.Context, field string) string {
 
 // GetTask implements TaskService.
 func (s *Server) GetTask(ctx context.Context, req *taskrunnerv1.GetTaskRequest) (*taskrunnerv1.GetTaskResponse, error) {
-	t, err := s.owned(ctx, req.GetId())
+	owner, err := s.ownerFor(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
-	if err := s.store.Runs(ctx, &t); err != nil {
+	t, budget, err := s.store.Shown(ctx, req.GetId(), owner)
+	if err != nil {
 		return nil, err
 	}
-	out := s.toProto(ctx, t)
+	out := ToProto(t)
+	out.MaxBudgetUsd = EffectiveBudget(budget, s.budgets.MaxBudgetUSD)
 	if s.budgets.OwnerDailyUSD > 0 {
 		spent, resets, err := s.store.OwnerSpentToday(ctx, t.Owner)
 		if err != nil {
@@ -287,21 +289,31 @@ func (s *Server) FollowUpTask(ctx context.Context, req *taskrunnerv1.FollowUpTas
 // owned loads the caller's task; other owners' tasks are NotFound. Internal
 // callers (the gateway's webhook, other services) may read any task.
 func (s *Server) owned(ctx context.Context, id string) (Task, error) {
-	p, err := auth.Require(ctx)
+	owner, err := s.ownerFor(ctx, id)
 	if err != nil {
 		return Task{}, err
+	}
+	return s.store.Get(ctx, id, owner)
+}
+
+// ownerFor is the owner whose task id the caller may read ("" for an
+// internal caller: any), after checking the caller's scope and the id.
+func (s *Server) ownerFor(ctx context.Context, id string) (string, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return "", err
 	}
 	owner := p.Owner
 	switch {
 	case p.Has(auth.ScopeInternal):
 		owner = ""
 	case !p.Has(auth.ScopeTasks):
-		return Task{}, errs.PermissionDenied("token lacks scope " + auth.ScopeTasks)
+		return "", errs.PermissionDenied("token lacks scope " + auth.ScopeTasks)
 	}
 	if err := ValidateID("id", id); err != nil {
-		return Task{}, err
+		return "", err
 	}
-	return s.store.Get(ctx, id, owner)
+	return owner, nil
 }
 
 // ListTasks implements TaskService.

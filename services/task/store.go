@@ -52,12 +52,17 @@ func scanTask(row pgx.Row) (Task, error) {
 // scanView scans taskColumns followed by viewColumns.
 func scanView(row pgx.Row) (Task, error) {
 	var t Task
-	err := row.Scan(&t.ID, &t.Owner, &t.Repo, &t.BaseBranch, &t.HeadBranch, &t.Prompt, &t.Agent, &t.Status, &t.Stage,
+	err := row.Scan(viewDest(&t)...)
+	return t, err
+}
+
+// viewDest is where taskColumns and viewColumns scan into.
+func viewDest(t *Task) []any {
+	return []any{&t.ID, &t.Owner, &t.Repo, &t.BaseBranch, &t.HeadBranch, &t.Prompt, &t.Agent, &t.Status, &t.Stage,
 		&t.Diff.Additions, &t.Diff.Deletions, &t.Diff.FilesChanged, &t.PRURL, &t.PRNumber, &t.FailedReason,
 		&t.Usage.CostUSD, &t.Usage.TokensIn, &t.Usage.TokensOut,
 		&t.DeadlineAt, &t.LastSeq, &t.HeartbeatAt, &t.TraceID, &t.Traceparent, &t.RetryOf, &t.IdempotencyKey, &t.QueuedAt, &t.Run, &t.CreatedAt, &t.UpdatedAt,
-		&t.TimelineSeq, &t.QueuePosition)
-	return t, err
+		&t.TimelineSeq, &t.QueuePosition}
 }
 
 const insertTask = `INSERT INTO tasks (id, owner, repo, base_branch, head_branch, prompt, agent, status, retry_of, idempotency_key, trace_id, traceparent)
@@ -124,6 +129,60 @@ func (s *Store) Get(ctx context.Context, id, owner string) (Task, error) {
 		return Task{}, errs.NotFound("task", id)
 	}
 	return t, err
+}
+
+// QueueGet queues Get's read on b, for a caller that reads more in the same
+// round trip: when the batch results are read, *into is the task and
+// *found whether it exists and owner may see it (owner "" matches any).
+// The caller answers NotFound when it was not found, exactly like Get.
+func QueueGet(b *pgx.Batch, id, owner string, into *Task, found *bool) {
+	b.Queue(selectTask, id, owner).QueryRow(func(row pgx.Row) error {
+		t, err := scanView(row)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			*found = false
+			return nil
+		case err != nil:
+			return err
+		}
+		*into, *found = t, true
+		return nil
+	})
+}
+
+// selectShown is selectTask with the budget set at create (0: none).
+const selectShown = `SELECT ` + taskColumns + `, ` + viewColumns + `, coalesce(max_budget_usd, 0)::float8 FROM tasks WHERE id = $1 AND ($2 = '' OR owner = $2)`
+
+// Shown returns a task as GetTask shows it: the row, its runs (see Runs)
+// and the budget set at create (0: none), read in one round trip and one
+// implicit transaction. Owner and NotFound are as in Get; another owner's
+// runs are read with the rest and dropped.
+func (s *Store) Shown(ctx context.Context, id, owner string) (Task, float64, error) {
+	var t Task
+	var budget float64
+	found := false
+	b := &pgx.Batch{}
+	b.Queue(selectShown, id, owner).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(append(viewDest(&t), &budget)...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		found = err == nil
+		return err
+	})
+	b.Queue(runsOf, id).Query(func(rows pgx.Rows) error {
+		if !found {
+			return nil
+		}
+		return scanRuns(rows, &t)
+	})
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return Task{}, 0, err
+	}
+	if !found {
+		return Task{}, 0, errs.NotFound("task", id)
+	}
+	return t, budget, nil
 }
 
 // Filter narrows List.
