@@ -42,7 +42,7 @@ type lookups struct {
 
 	mu     sync.Mutex
 	tasks  map[taskKey]*call[*taskrunnerv1.Task]
-	pages  map[pageKey]*call[*taskrunnerv1.ListEventsResponse]
+	pages  map[pageKey]*call[*page]
 	sweeps int // inserts since the last sweep
 }
 
@@ -75,7 +75,7 @@ const maxEntries = 50000
 
 func newLookups(ttl, timeout time.Duration) *lookups {
 	return &lookups{ttl: ttl, timeout: timeout, now: time.Now,
-		tasks: map[taskKey]*call[*taskrunnerv1.Task]{}, pages: map[pageKey]*call[*taskrunnerv1.ListEventsResponse]{}}
+		tasks: map[taskKey]*call[*taskrunnerv1.Task]{}, pages: map[pageKey]*call[*page]{}}
 }
 
 func hashToken(tok string) tokenHash { return sha256.Sum256([]byte(tok)) }
@@ -175,11 +175,39 @@ func (l *lookups) forget(tok tokenHash, id string) {
 // page is one ListEvents page, shared with streams whose subscription was
 // confirmed before the call started (see lookups).
 func (l *lookups) page(ctx context.Context, events taskrunnerv1.EventsServiceClient, tok tokenHash, req *taskrunnerv1.ListEventsRequest,
-	subscribed time.Time) (*taskrunnerv1.ListEventsResponse, error) {
+	subscribed time.Time) (*page, error) {
 	key := pageKey{taskKey{tok, req.GetTaskId()}, req.GetAfterSeq(), req.GetPageSize()}
 	req = proto.Clone(req).(*taskrunnerv1.ListEventsRequest)
-	return share(l, l.pages, key, func(c *call[*taskrunnerv1.ListEventsResponse]) bool { return c.start.After(subscribed) }, ctx,
-		func(ctx context.Context) (*taskrunnerv1.ListEventsResponse, error) {
-			return events.ListEvents(ctx, req)
+	return share(l, l.pages, key, func(c *call[*page]) bool { return c.start.After(subscribed) }, ctx,
+		func(ctx context.Context) (*page, error) {
+			resp, err := events.ListEvents(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return &page{ListEventsResponse: resp}, nil
 		})
+}
+
+// page is a ListEvents answer with its events' viewFull messages, rendered
+// once, by the first stream that replays it, for every stream sharing it
+// (a connect storm replays one page to each of its connections).
+type page struct {
+	*taskrunnerv1.ListEventsResponse
+
+	once   sync.Once
+	frames [][]byte // read-only once rendered
+	err    error
+}
+
+// frame is event i's viewFull message.
+func (p *page) frame(i int) ([]byte, error) {
+	p.once.Do(func() {
+		p.frames = make([][]byte, len(p.GetEvents()))
+		for j, e := range p.GetEvents() {
+			if p.frames[j], p.err = encodeFrame(nil, e); p.err != nil {
+				return
+			}
+		}
+	})
+	return p.frames[i], p.err
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/taskrunner/taskrunner/gateway/sse"
+	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
 )
 
 // parsed is what a client following the SSE spec's parsing rules (WHATWG
@@ -156,4 +157,21 @@ func FuzzParseLastEventID(f *testing.F) {
 		require.True(t, digits, "accepted %q", v)
 		require.Equal(t, strings.TrimLeft(trimmed, "0"), strings.TrimLeft(strconv.FormatInt(n, 10), "0"))
 	})
+}
+
+// TestSharedPageRendersOnce: a replay page shared by a connect storm's
+// streams renders each event's message once, and it is the message the
+// event alone renders to.
+func TestSharedPageRendersOnce(t *testing.T) {
+	evs := []*taskrunnerv1.Event{
+		{Seq: 1, Payload: &taskrunnerv1.Event_Log{Log: &taskrunnerv1.Log{Lines: []string{"cloning"}}}},
+		{Seq: 2, Payload: &taskrunnerv1.Event_StageChange{StageChange: &taskrunnerv1.StageChange{Stage: taskrunnerv1.TaskStage_TASK_STAGE_EXPLORE}}},
+	}
+	first, again, alone, err := sse.PageFrames(evs)
+	require.NoError(t, err)
+	for i := range evs {
+		require.Equal(t, string(alone[i]), string(first[i]))
+		require.Contains(t, string(first[i]), "id: "+strconv.Itoa(i+1)+"\n")
+		require.Same(t, &first[i][0], &again[i][0], "event %d rendered again", i+1)
+	}
 }

@@ -708,7 +708,7 @@ func (c *stream) replay() (ended bool, err error) {
 		}
 		// One write deadline and one flush per page.
 		c.arm()
-		for _, e := range resp.GetEvents() {
+		for i, e := range resp.GetEvents() {
 			if follow.Next(c.last, e.GetSeq()) == follow.Skip {
 				continue
 			}
@@ -717,10 +717,11 @@ func (c *stream) replay() (ended bool, err error) {
 					return false, err
 				}
 			} else {
-				if c.buf, err = encodeFrame(c.buffer(), e); err != nil {
+				b, err := resp.frame(i)
+				if err != nil {
 					return false, err
 				}
-				if err := c.write(c.buf); err != nil {
+				if err := c.write(b); err != nil {
 					return false, err
 				}
 				c.last, c.sent = e.GetSeq(), e.GetSeq()
