@@ -155,11 +155,13 @@ func (l *lookups) sweepLocked(now time.Time, size int, sweep func()) {
 	sweep()
 }
 
-// task is GetTask of id with tok (carried by ctx), shared for the TTL.
+// task is GetTask of id with tok (carried by ctx), basic view, shared for
+// the TTL.
 func (l *lookups) task(ctx context.Context, tasks taskrunnerv1.TaskServiceClient, tok tokenHash, id string) (*taskrunnerv1.Task, error) {
 	return share(l, l.tasks, taskKey{tok, id}, func(*call[*taskrunnerv1.Task]) bool { return true }, ctx,
 		func(ctx context.Context) (*taskrunnerv1.Task, error) {
-			resp, err := tasks.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: id})
+			// The basic view: a stream needs the status, not the runs.
+			resp, err := tasks.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: id, View: taskrunnerv1.TaskView_TASK_VIEW_BASIC})
 			return resp.GetTask(), err
 		})
 }

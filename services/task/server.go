@@ -173,13 +173,21 @@ func (s *Server) GetTask(ctx context.Context, req *taskrunnerv1.GetTaskRequest) 
 	if err != nil {
 		return nil, err
 	}
-	t, budget, err := s.store.Shown(ctx, req.GetId(), owner)
+	var full bool
+	switch v := req.GetView(); v {
+	case taskrunnerv1.TaskView_TASK_VIEW_UNSPECIFIED, taskrunnerv1.TaskView_TASK_VIEW_FULL:
+		full = true
+	case taskrunnerv1.TaskView_TASK_VIEW_BASIC:
+	default:
+		return nil, errs.Invalid("view", "unknown task view %d", v)
+	}
+	t, budget, err := s.store.Shown(ctx, req.GetId(), owner, full)
 	if err != nil {
 		return nil, err
 	}
 	out := ToProto(t)
 	out.MaxBudgetUsd = EffectiveBudget(budget, s.budgets.MaxBudgetUSD)
-	if s.budgets.OwnerDailyUSD > 0 {
+	if full && s.budgets.OwnerDailyUSD > 0 {
 		spent, resets, err := s.store.OwnerSpentToday(ctx, t.Owner)
 		if err != nil {
 			return nil, err

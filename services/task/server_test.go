@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/taskrunner/taskrunner/platform/testkit"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
@@ -105,6 +106,40 @@ func TestCreateGetList(t *testing.T) {
 	l, err = e.client.ListTasks(e.as("bob"), &taskrunnerv1.ListTasksRequest{})
 	require.NoError(t, err)
 	require.Empty(t, l.GetTasks())
+}
+
+// TestGetTaskViews: the basic view is the task as ListTasks shows it (no
+// runs), with the same owner check; the full view, the default, has the
+// runs; an unknown view is refused.
+func TestGetTaskViews(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.as("alice")
+	resp, err := e.client.CreateTask(ctx, &taskrunnerv1.CreateTaskRequest{Repo: "acme/widgets", Prompt: "Add a farewell flag", MaxBudgetUsd: 1.5})
+	require.NoError(t, err)
+	id := resp.GetTask().GetId()
+
+	full, err := e.client.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: id})
+	require.NoError(t, err)
+	require.Len(t, full.GetTask().GetRuns(), 1, "the default view has the runs")
+	explicit, err := e.client.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: id, View: taskrunnerv1.TaskView_TASK_VIEW_FULL})
+	require.NoError(t, err)
+	require.True(t, proto.Equal(full.GetTask(), explicit.GetTask()))
+
+	basic, err := e.client.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: id, View: taskrunnerv1.TaskView_TASK_VIEW_BASIC})
+	require.NoError(t, err)
+	require.Empty(t, basic.GetTask().GetRuns())
+	want := proto.Clone(full.GetTask()).(*taskrunnerv1.Task)
+	want.Runs = nil
+	require.True(t, proto.Equal(want, basic.GetTask()), "basic is full without the runs:\n%v\n%v", want, basic.GetTask())
+	require.Equal(t, 1.5, basic.GetTask().GetMaxBudgetUsd())
+	listed, err := e.client.ListTasks(ctx, &taskrunnerv1.ListTasksRequest{})
+	require.NoError(t, err)
+	require.True(t, proto.Equal(listed.GetTasks()[0], basic.GetTask()), "basic is what ListTasks shows")
+
+	_, err = e.client.GetTask(e.as("bob"), &taskrunnerv1.GetTaskRequest{Id: id, View: taskrunnerv1.TaskView_TASK_VIEW_BASIC})
+	requireCode(t, err, codes.NotFound, id)
+	_, err = e.client.GetTask(ctx, &taskrunnerv1.GetTaskRequest{Id: id, View: taskrunnerv1.TaskView(7)})
+	requireCode(t, err, codes.InvalidArgument, "view")
 }
 
 func TestListPagingNewestFirstAndFilters(t *testing.T) {

@@ -153,11 +153,11 @@ func QueueGet(b *pgx.Batch, id, owner string, into *Task, found *bool) {
 // selectShown is selectTask with the budget set at create (0: none).
 const selectShown = `SELECT ` + taskColumns + `, ` + viewColumns + `, coalesce(max_budget_usd, 0)::float8 FROM tasks WHERE id = $1 AND ($2 = '' OR owner = $2)`
 
-// Shown returns a task as GetTask shows it: the row, its runs (see Runs)
-// and the budget set at create (0: none), read in one round trip and one
-// implicit transaction. Owner and NotFound are as in Get; another owner's
-// runs are read with the rest and dropped.
-func (s *Store) Shown(ctx context.Context, id, owner string) (Task, float64, error) {
+// Shown returns a task as GetTask shows it: the row, with runs its runs
+// (see Runs), and the budget set at create (0: none), read in one round
+// trip and one implicit transaction. Owner and NotFound are as in Get;
+// another owner's runs are read with the rest and dropped.
+func (s *Store) Shown(ctx context.Context, id, owner string, runs bool) (Task, float64, error) {
 	var t Task
 	var budget float64
 	found := false
@@ -170,12 +170,14 @@ func (s *Store) Shown(ctx context.Context, id, owner string) (Task, float64, err
 		found = err == nil
 		return err
 	})
-	b.Queue(runsOf, id).Query(func(rows pgx.Rows) error {
-		if !found {
-			return nil
-		}
-		return scanRuns(rows, &t)
-	})
+	if runs {
+		b.Queue(runsOf, id).Query(func(rows pgx.Rows) error {
+			if !found {
+				return nil
+			}
+			return scanRuns(rows, &t)
+		})
+	}
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return Task{}, 0, err
 	}

@@ -210,6 +210,61 @@ func (Agent) EnumDescriptor() ([]byte, []int) {
 	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{2}
 }
 
+// TaskView is how much of a task GetTask returns.
+type TaskView int32
+
+const (
+	// Unset: TASK_VIEW_FULL.
+	TaskView_TASK_VIEW_UNSPECIFIED TaskView = 0
+	// The task as ListTasks returns it: no runs and no owner_quota, and usage
+	// is the current run's. One database read; for callers that only need
+	// the task's status and position, like the gateway's event streams.
+	TaskView_TASK_VIEW_BASIC TaskView = 1
+	// Everything: runs, usage over every run, owner_quota.
+	TaskView_TASK_VIEW_FULL TaskView = 2
+)
+
+// Enum value maps for TaskView.
+var (
+	TaskView_name = map[int32]string{
+		0: "TASK_VIEW_UNSPECIFIED",
+		1: "TASK_VIEW_BASIC",
+		2: "TASK_VIEW_FULL",
+	}
+	TaskView_value = map[string]int32{
+		"TASK_VIEW_UNSPECIFIED": 0,
+		"TASK_VIEW_BASIC":       1,
+		"TASK_VIEW_FULL":        2,
+	}
+)
+
+func (x TaskView) Enum() *TaskView {
+	p := new(TaskView)
+	*p = x
+	return p
+}
+
+func (x TaskView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TaskView) Descriptor() protoreflect.EnumDescriptor {
+	return file_taskrunner_v1_task_proto_enumTypes[3].Descriptor()
+}
+
+func (TaskView) Type() protoreflect.EnumType {
+	return &file_taskrunner_v1_task_proto_enumTypes[3]
+}
+
+func (x TaskView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TaskView.Descriptor instead.
+func (TaskView) EnumDescriptor() ([]byte, []int) {
+	return file_taskrunner_v1_task_proto_rawDescGZIP(), []int{3}
+}
+
 // DiffStats summarise the change against the base branch (git diff --numstat).
 type DiffStats struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1092,7 +1147,9 @@ func (x *CreateTaskResponse) GetTask() *Task {
 type GetTaskRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Task id.
-	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// How much of the task to return (AIP-157); unset is TASK_VIEW_FULL.
+	View          TaskView `protobuf:"varint,2,opt,name=view,proto3,enum=taskrunner.v1.TaskView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1132,6 +1189,13 @@ func (x *GetTaskRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *GetTaskRequest) GetView() TaskView {
+	if x != nil {
+		return x.View
+	}
+	return TaskView_TASK_VIEW_UNSPECIFIED
 }
 
 // GetTaskResponse carries the task.
@@ -1911,9 +1975,10 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\bdispatch\x18\x06 \x01(\bR\bdispatch\x12$\n" +
 	"\x0emax_budget_usd\x18\a \x01(\x01R\fmaxBudgetUsd\"=\n" +
 	"\x12CreateTaskResponse\x12'\n" +
-	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\" \n" +
+	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\"M\n" +
 	"\x0eGetTaskRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\":\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x17.taskrunner.v1.TaskViewR\x04view\":\n" +
 	"\x0fGetTaskResponse\x12'\n" +
 	"\x04task\x18\x01 \x01(\v2\x13.taskrunner.v1.TaskR\x04task\"z\n" +
 	"\x10ListTasksRequest\x12\x1b\n" +
@@ -1980,7 +2045,11 @@ const file_taskrunner_v1_task_proto_rawDesc = "" +
 	"\x05Agent\x12\x15\n" +
 	"\x11AGENT_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fAGENT_CLAUDE\x10\x01\x12\x0f\n" +
-	"\vAGENT_CODEX\x10\x022\xa5\x05\n" +
+	"\vAGENT_CODEX\x10\x02*N\n" +
+	"\bTaskView\x12\x19\n" +
+	"\x15TASK_VIEW_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fTASK_VIEW_BASIC\x10\x01\x12\x12\n" +
+	"\x0eTASK_VIEW_FULL\x10\x022\xa5\x05\n" +
 	"\vTaskService\x12Q\n" +
 	"\n" +
 	"CreateTask\x12 .taskrunner.v1.CreateTaskRequest\x1a!.taskrunner.v1.CreateTaskResponse\x12H\n" +
@@ -2005,86 +2074,88 @@ func file_taskrunner_v1_task_proto_rawDescGZIP() []byte {
 	return file_taskrunner_v1_task_proto_rawDescData
 }
 
-var file_taskrunner_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_taskrunner_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_taskrunner_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_taskrunner_v1_task_proto_goTypes = []any{
 	(TaskStatus)(0),               // 0: taskrunner.v1.TaskStatus
 	(TaskStage)(0),                // 1: taskrunner.v1.TaskStage
 	(Agent)(0),                    // 2: taskrunner.v1.Agent
-	(*DiffStats)(nil),             // 3: taskrunner.v1.DiffStats
-	(*Usage)(nil),                 // 4: taskrunner.v1.Usage
-	(*Task)(nil),                  // 5: taskrunner.v1.Task
-	(*OwnerQuota)(nil),            // 6: taskrunner.v1.OwnerQuota
-	(*TaskRun)(nil),               // 7: taskrunner.v1.TaskRun
-	(*FollowUpTaskRequest)(nil),   // 8: taskrunner.v1.FollowUpTaskRequest
-	(*FollowUpTaskResponse)(nil),  // 9: taskrunner.v1.FollowUpTaskResponse
-	(*CreateTaskRequest)(nil),     // 10: taskrunner.v1.CreateTaskRequest
-	(*CreateTaskResponse)(nil),    // 11: taskrunner.v1.CreateTaskResponse
-	(*GetTaskRequest)(nil),        // 12: taskrunner.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),       // 13: taskrunner.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),      // 14: taskrunner.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),     // 15: taskrunner.v1.ListTasksResponse
-	(*DispatchTaskRequest)(nil),   // 16: taskrunner.v1.DispatchTaskRequest
-	(*DispatchTaskResponse)(nil),  // 17: taskrunner.v1.DispatchTaskResponse
-	(*CancelTaskRequest)(nil),     // 18: taskrunner.v1.CancelTaskRequest
-	(*CancelTaskResponse)(nil),    // 19: taskrunner.v1.CancelTaskResponse
-	(*RetryTaskRequest)(nil),      // 20: taskrunner.v1.RetryTaskRequest
-	(*RetryTaskResponse)(nil),     // 21: taskrunner.v1.RetryTaskResponse
-	(*AdvanceTaskRequest)(nil),    // 22: taskrunner.v1.AdvanceTaskRequest
-	(*AdvanceTaskResponse)(nil),   // 23: taskrunner.v1.AdvanceTaskResponse
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(TaskView)(0),                 // 3: taskrunner.v1.TaskView
+	(*DiffStats)(nil),             // 4: taskrunner.v1.DiffStats
+	(*Usage)(nil),                 // 5: taskrunner.v1.Usage
+	(*Task)(nil),                  // 6: taskrunner.v1.Task
+	(*OwnerQuota)(nil),            // 7: taskrunner.v1.OwnerQuota
+	(*TaskRun)(nil),               // 8: taskrunner.v1.TaskRun
+	(*FollowUpTaskRequest)(nil),   // 9: taskrunner.v1.FollowUpTaskRequest
+	(*FollowUpTaskResponse)(nil),  // 10: taskrunner.v1.FollowUpTaskResponse
+	(*CreateTaskRequest)(nil),     // 11: taskrunner.v1.CreateTaskRequest
+	(*CreateTaskResponse)(nil),    // 12: taskrunner.v1.CreateTaskResponse
+	(*GetTaskRequest)(nil),        // 13: taskrunner.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),       // 14: taskrunner.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),      // 15: taskrunner.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),     // 16: taskrunner.v1.ListTasksResponse
+	(*DispatchTaskRequest)(nil),   // 17: taskrunner.v1.DispatchTaskRequest
+	(*DispatchTaskResponse)(nil),  // 18: taskrunner.v1.DispatchTaskResponse
+	(*CancelTaskRequest)(nil),     // 19: taskrunner.v1.CancelTaskRequest
+	(*CancelTaskResponse)(nil),    // 20: taskrunner.v1.CancelTaskResponse
+	(*RetryTaskRequest)(nil),      // 21: taskrunner.v1.RetryTaskRequest
+	(*RetryTaskResponse)(nil),     // 22: taskrunner.v1.RetryTaskResponse
+	(*AdvanceTaskRequest)(nil),    // 23: taskrunner.v1.AdvanceTaskRequest
+	(*AdvanceTaskResponse)(nil),   // 24: taskrunner.v1.AdvanceTaskResponse
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
 }
 var file_taskrunner_v1_task_proto_depIdxs = []int32{
 	2,  // 0: taskrunner.v1.Task.agent:type_name -> taskrunner.v1.Agent
 	0,  // 1: taskrunner.v1.Task.status:type_name -> taskrunner.v1.TaskStatus
 	1,  // 2: taskrunner.v1.Task.stage:type_name -> taskrunner.v1.TaskStage
-	3,  // 3: taskrunner.v1.Task.diff_stats:type_name -> taskrunner.v1.DiffStats
-	4,  // 4: taskrunner.v1.Task.usage:type_name -> taskrunner.v1.Usage
-	24, // 5: taskrunner.v1.Task.deadline_time:type_name -> google.protobuf.Timestamp
-	24, // 6: taskrunner.v1.Task.heartbeat_time:type_name -> google.protobuf.Timestamp
-	24, // 7: taskrunner.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	24, // 8: taskrunner.v1.Task.update_time:type_name -> google.protobuf.Timestamp
-	7,  // 9: taskrunner.v1.Task.runs:type_name -> taskrunner.v1.TaskRun
-	6,  // 10: taskrunner.v1.Task.owner_quota:type_name -> taskrunner.v1.OwnerQuota
-	24, // 11: taskrunner.v1.OwnerQuota.resets_time:type_name -> google.protobuf.Timestamp
-	3,  // 12: taskrunner.v1.TaskRun.diff_stats:type_name -> taskrunner.v1.DiffStats
-	4,  // 13: taskrunner.v1.TaskRun.usage:type_name -> taskrunner.v1.Usage
-	24, // 14: taskrunner.v1.TaskRun.create_time:type_name -> google.protobuf.Timestamp
-	5,  // 15: taskrunner.v1.FollowUpTaskResponse.task:type_name -> taskrunner.v1.Task
-	7,  // 16: taskrunner.v1.FollowUpTaskResponse.run:type_name -> taskrunner.v1.TaskRun
+	4,  // 3: taskrunner.v1.Task.diff_stats:type_name -> taskrunner.v1.DiffStats
+	5,  // 4: taskrunner.v1.Task.usage:type_name -> taskrunner.v1.Usage
+	25, // 5: taskrunner.v1.Task.deadline_time:type_name -> google.protobuf.Timestamp
+	25, // 6: taskrunner.v1.Task.heartbeat_time:type_name -> google.protobuf.Timestamp
+	25, // 7: taskrunner.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	25, // 8: taskrunner.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	8,  // 9: taskrunner.v1.Task.runs:type_name -> taskrunner.v1.TaskRun
+	7,  // 10: taskrunner.v1.Task.owner_quota:type_name -> taskrunner.v1.OwnerQuota
+	25, // 11: taskrunner.v1.OwnerQuota.resets_time:type_name -> google.protobuf.Timestamp
+	4,  // 12: taskrunner.v1.TaskRun.diff_stats:type_name -> taskrunner.v1.DiffStats
+	5,  // 13: taskrunner.v1.TaskRun.usage:type_name -> taskrunner.v1.Usage
+	25, // 14: taskrunner.v1.TaskRun.create_time:type_name -> google.protobuf.Timestamp
+	6,  // 15: taskrunner.v1.FollowUpTaskResponse.task:type_name -> taskrunner.v1.Task
+	8,  // 16: taskrunner.v1.FollowUpTaskResponse.run:type_name -> taskrunner.v1.TaskRun
 	2,  // 17: taskrunner.v1.CreateTaskRequest.agent:type_name -> taskrunner.v1.Agent
-	5,  // 18: taskrunner.v1.CreateTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 19: taskrunner.v1.GetTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 20: taskrunner.v1.ListTasksResponse.tasks:type_name -> taskrunner.v1.Task
-	5,  // 21: taskrunner.v1.DispatchTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 22: taskrunner.v1.CancelTaskResponse.task:type_name -> taskrunner.v1.Task
-	5,  // 23: taskrunner.v1.RetryTaskResponse.task:type_name -> taskrunner.v1.Task
-	0,  // 24: taskrunner.v1.AdvanceTaskRequest.status:type_name -> taskrunner.v1.TaskStatus
-	1,  // 25: taskrunner.v1.AdvanceTaskRequest.stage:type_name -> taskrunner.v1.TaskStage
-	3,  // 26: taskrunner.v1.AdvanceTaskRequest.diff_stats:type_name -> taskrunner.v1.DiffStats
-	4,  // 27: taskrunner.v1.AdvanceTaskRequest.usage:type_name -> taskrunner.v1.Usage
-	5,  // 28: taskrunner.v1.AdvanceTaskResponse.task:type_name -> taskrunner.v1.Task
-	10, // 29: taskrunner.v1.TaskService.CreateTask:input_type -> taskrunner.v1.CreateTaskRequest
-	12, // 30: taskrunner.v1.TaskService.GetTask:input_type -> taskrunner.v1.GetTaskRequest
-	14, // 31: taskrunner.v1.TaskService.ListTasks:input_type -> taskrunner.v1.ListTasksRequest
-	16, // 32: taskrunner.v1.TaskService.DispatchTask:input_type -> taskrunner.v1.DispatchTaskRequest
-	18, // 33: taskrunner.v1.TaskService.CancelTask:input_type -> taskrunner.v1.CancelTaskRequest
-	20, // 34: taskrunner.v1.TaskService.RetryTask:input_type -> taskrunner.v1.RetryTaskRequest
-	22, // 35: taskrunner.v1.TaskService.AdvanceTask:input_type -> taskrunner.v1.AdvanceTaskRequest
-	8,  // 36: taskrunner.v1.TaskService.FollowUpTask:input_type -> taskrunner.v1.FollowUpTaskRequest
-	11, // 37: taskrunner.v1.TaskService.CreateTask:output_type -> taskrunner.v1.CreateTaskResponse
-	13, // 38: taskrunner.v1.TaskService.GetTask:output_type -> taskrunner.v1.GetTaskResponse
-	15, // 39: taskrunner.v1.TaskService.ListTasks:output_type -> taskrunner.v1.ListTasksResponse
-	17, // 40: taskrunner.v1.TaskService.DispatchTask:output_type -> taskrunner.v1.DispatchTaskResponse
-	19, // 41: taskrunner.v1.TaskService.CancelTask:output_type -> taskrunner.v1.CancelTaskResponse
-	21, // 42: taskrunner.v1.TaskService.RetryTask:output_type -> taskrunner.v1.RetryTaskResponse
-	23, // 43: taskrunner.v1.TaskService.AdvanceTask:output_type -> taskrunner.v1.AdvanceTaskResponse
-	9,  // 44: taskrunner.v1.TaskService.FollowUpTask:output_type -> taskrunner.v1.FollowUpTaskResponse
-	37, // [37:45] is the sub-list for method output_type
-	29, // [29:37] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	6,  // 18: taskrunner.v1.CreateTaskResponse.task:type_name -> taskrunner.v1.Task
+	3,  // 19: taskrunner.v1.GetTaskRequest.view:type_name -> taskrunner.v1.TaskView
+	6,  // 20: taskrunner.v1.GetTaskResponse.task:type_name -> taskrunner.v1.Task
+	6,  // 21: taskrunner.v1.ListTasksResponse.tasks:type_name -> taskrunner.v1.Task
+	6,  // 22: taskrunner.v1.DispatchTaskResponse.task:type_name -> taskrunner.v1.Task
+	6,  // 23: taskrunner.v1.CancelTaskResponse.task:type_name -> taskrunner.v1.Task
+	6,  // 24: taskrunner.v1.RetryTaskResponse.task:type_name -> taskrunner.v1.Task
+	0,  // 25: taskrunner.v1.AdvanceTaskRequest.status:type_name -> taskrunner.v1.TaskStatus
+	1,  // 26: taskrunner.v1.AdvanceTaskRequest.stage:type_name -> taskrunner.v1.TaskStage
+	4,  // 27: taskrunner.v1.AdvanceTaskRequest.diff_stats:type_name -> taskrunner.v1.DiffStats
+	5,  // 28: taskrunner.v1.AdvanceTaskRequest.usage:type_name -> taskrunner.v1.Usage
+	6,  // 29: taskrunner.v1.AdvanceTaskResponse.task:type_name -> taskrunner.v1.Task
+	11, // 30: taskrunner.v1.TaskService.CreateTask:input_type -> taskrunner.v1.CreateTaskRequest
+	13, // 31: taskrunner.v1.TaskService.GetTask:input_type -> taskrunner.v1.GetTaskRequest
+	15, // 32: taskrunner.v1.TaskService.ListTasks:input_type -> taskrunner.v1.ListTasksRequest
+	17, // 33: taskrunner.v1.TaskService.DispatchTask:input_type -> taskrunner.v1.DispatchTaskRequest
+	19, // 34: taskrunner.v1.TaskService.CancelTask:input_type -> taskrunner.v1.CancelTaskRequest
+	21, // 35: taskrunner.v1.TaskService.RetryTask:input_type -> taskrunner.v1.RetryTaskRequest
+	23, // 36: taskrunner.v1.TaskService.AdvanceTask:input_type -> taskrunner.v1.AdvanceTaskRequest
+	9,  // 37: taskrunner.v1.TaskService.FollowUpTask:input_type -> taskrunner.v1.FollowUpTaskRequest
+	12, // 38: taskrunner.v1.TaskService.CreateTask:output_type -> taskrunner.v1.CreateTaskResponse
+	14, // 39: taskrunner.v1.TaskService.GetTask:output_type -> taskrunner.v1.GetTaskResponse
+	16, // 40: taskrunner.v1.TaskService.ListTasks:output_type -> taskrunner.v1.ListTasksResponse
+	18, // 41: taskrunner.v1.TaskService.DispatchTask:output_type -> taskrunner.v1.DispatchTaskResponse
+	20, // 42: taskrunner.v1.TaskService.CancelTask:output_type -> taskrunner.v1.CancelTaskResponse
+	22, // 43: taskrunner.v1.TaskService.RetryTask:output_type -> taskrunner.v1.RetryTaskResponse
+	24, // 44: taskrunner.v1.TaskService.AdvanceTask:output_type -> taskrunner.v1.AdvanceTaskResponse
+	10, // 45: taskrunner.v1.TaskService.FollowUpTask:output_type -> taskrunner.v1.FollowUpTaskResponse
+	38, // [38:46] is the sub-list for method output_type
+	30, // [30:38] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_taskrunner_v1_task_proto_init() }
@@ -2097,7 +2168,7 @@ func file_taskrunner_v1_task_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskrunner_v1_task_proto_rawDesc), len(file_taskrunner_v1_task_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
