@@ -64,6 +64,8 @@ func TestErrorContract(t *testing.T) {
 			status: 400, code: 3, prefix: "prompt: ", field: "prompt", reason: "INVALID_ARGUMENT"},
 		{name: "query parameter not a number", method: "GET", path: "/v1/tasks?page_size=ten",
 			status: 400, code: 3, prefix: `page_size: invalid value: "ten"`, field: "page_size", reason: "INVALID_ARGUMENT"},
+		{name: "unknown view", method: "GET", path: "/v1/tasks/" + id + "?view=TASK_VIEW_TINY",
+			status: 400, code: 3, prefix: "view: ", field: "view", reason: "INVALID_ARGUMENT"},
 		{name: "query parameter over the page maximum", method: "GET", path: "/v1/tasks?page_size=101",
 			status: 400, code: 3, prefix: "page_size: ", field: "page_size", reason: "INVALID_ARGUMENT"},
 		{name: "body over the limit (Content-Length)", method: "POST", path: "/v1/tasks", body: `{"prompt":"` + strings.Repeat("x", 70<<10) + `"}`,

@@ -117,6 +117,11 @@ func TestCreateGetListOverREST(t *testing.T) {
 	r = e.do(t, "GET", "/v1/tasks/"+id, "alice", "")
 	require.Equal(t, http.StatusOK, r.status, r.raw)
 	require.Equal(t, id, r.body["task"].(map[string]any)["id"])
+	require.Len(t, r.body["task"].(map[string]any)["runs"], 1, "the full view by default")
+	r = e.do(t, "GET", "/v1/tasks/"+id+"?view=TASK_VIEW_BASIC", "alice", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "TASK_STATUS_PROPOSING", r.body["task"].(map[string]any)["status"])
+	require.Empty(t, r.body["task"].(map[string]any)["runs"], "the basic view has no runs")
 
 	r = e.do(t, "GET", "/v1/tasks?status=proposing", "alice", "")
 	require.Equal(t, http.StatusOK, r.status, r.raw)
