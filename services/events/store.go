@@ -78,16 +78,28 @@ func (s *Store) Page(ctx context.Context, taskID string, afterSeq int64, limit, 
 	return scanPage(rows, limit, maxBytes)
 }
 
+// listOwnedPage is listPage that reads nothing unless the task is owner's
+// (owner "": any task).
+const listOwnedPage = `SELECT task_id::text, seq, type, payload, created_at, upto FROM (
+	SELECT task_id, seq, type, payload, created_at,
+		sum(octet_length(payload::text)) OVER (ORDER BY seq) AS upto,
+		octet_length(payload::text) AS size,
+		row_number() OVER (ORDER BY seq) AS n
+	FROM task_events WHERE task_id = $1 AND seq > $2
+		AND EXISTS (SELECT 1 FROM tasks k WHERE k.id = $1 AND ($5 = '' OR k.owner = $5))
+	ORDER BY seq LIMIT $3) e
+WHERE n <= 2 OR upto - size < $4 ORDER BY seq`
+
 // OwnedPage is Page for a caller that may read only owner's tasks (owner
 // "": any): it reads the task (task.QueueGet) and the page in one round
 // trip, and answers NotFound, as task.Store.Get does, when the task is
-// missing or another owner's (whose events are then read and dropped).
+// missing or another owner's (no event of it is read).
 func (s *Store) OwnedPage(ctx context.Context, taskID, owner string, afterSeq int64, limit, maxBytes int) (recs []Record, more bool, err error) {
 	var t task.Task
 	var found bool
 	b := &pgx.Batch{}
 	task.QueueGet(b, taskID, owner, &t, &found)
-	b.Queue(listPage, taskID, afterSeq, limit+1, maxBytes).Query(func(rows pgx.Rows) error {
+	b.Queue(listOwnedPage, taskID, afterSeq, limit+1, maxBytes, owner).Query(func(rows pgx.Rows) error {
 		recs, more, err = scanPage(rows, limit, maxBytes)
 		return err
 	})
