@@ -153,9 +153,9 @@ func QueueGet(b *pgx.Batch, id, owner string, into *Task, found *bool) {
 // selectShown is selectTask with the budget set at create (0: none).
 const selectShown = `SELECT ` + taskColumns + `, ` + viewColumns + `, coalesce(max_budget_usd, 0)::float8 FROM tasks WHERE id = $1 AND ($2 = '' OR owner = $2)`
 
-// Shown returns a task as GetTask shows it: the row, with runs its runs
-// (see Runs), and the budget set at create (0: none), read in one round
-// trip and one implicit transaction. Owner and NotFound are as in Get;
+// Shown returns a task as GetTask shows it: the row, the budget set at
+// create (0: none) and, when runs is true, its runs (see Runs), read in one
+// round trip and one implicit transaction. Owner and NotFound are as in Get;
 // another owner's runs are read with the rest and dropped.
 func (s *Store) Shown(ctx context.Context, id, owner string, runs bool) (Task, float64, error) {
 	var t Task
