@@ -57,30 +57,9 @@ const MaxPageBytes = 3 << 20
 // of the payloads' JSON lengths, and the first row past maxBytes is
 // returned too (and always the first two) so that Page can tell a page cut
 // by size from the end. The window runs in seq order under the LIMIT, so
-// PostgreSQL reads no further than the rows it returns.
+// PostgreSQL reads no further than the rows it returns. It reads nothing
+// unless the task is owned by $5 (empty: any owner): a one-time filter.
 const listPage = `SELECT task_id::text, seq, type, payload, created_at, upto FROM (
-	SELECT task_id, seq, type, payload, created_at,
-		sum(octet_length(payload::text)) OVER (ORDER BY seq) AS upto,
-		octet_length(payload::text) AS size,
-		row_number() OVER (ORDER BY seq) AS n
-	FROM task_events WHERE task_id = $1 AND seq > $2 ORDER BY seq LIMIT $3) e
-WHERE n <= 2 OR upto - size < $4 ORDER BY seq`
-
-// Page returns the events of a task with seq > afterSeq, oldest first, at
-// most limit of them and no more than maxBytes of payload (but at least
-// one); more reports that events after the page exist. The caller checks
-// that taskID is a valid id the caller may read.
-func (s *Store) Page(ctx context.Context, taskID string, afterSeq int64, limit, maxBytes int) (recs []Record, more bool, err error) {
-	rows, err := s.pool.Query(ctx, listPage, taskID, afterSeq, limit+1, maxBytes)
-	if err != nil {
-		return nil, false, err
-	}
-	return scanPage(rows, limit, maxBytes)
-}
-
-// listOwnedPage is listPage that reads nothing unless the task is owner's
-// (owner "": any task).
-const listOwnedPage = `SELECT task_id::text, seq, type, payload, created_at, upto FROM (
 	SELECT task_id, seq, type, payload, created_at,
 		sum(octet_length(payload::text)) OVER (ORDER BY seq) AS upto,
 		octet_length(payload::text) AS size,
@@ -89,6 +68,18 @@ const listOwnedPage = `SELECT task_id::text, seq, type, payload, created_at, upt
 		AND EXISTS (SELECT 1 FROM tasks k WHERE k.id = $1 AND ($5 = '' OR k.owner = $5))
 	ORDER BY seq LIMIT $3) e
 WHERE n <= 2 OR upto - size < $4 ORDER BY seq`
+
+// Page returns the events of a task with seq > afterSeq, oldest first, at
+// most limit of them and no more than maxBytes of payload (but at least
+// one); more reports that events after the page exist. The caller checks
+// that taskID is a valid id the caller may read.
+func (s *Store) Page(ctx context.Context, taskID string, afterSeq int64, limit, maxBytes int) (recs []Record, more bool, err error) {
+	rows, err := s.pool.Query(ctx, listPage, taskID, afterSeq, limit+1, maxBytes, "")
+	if err != nil {
+		return nil, false, err
+	}
+	return scanPage(rows, limit, maxBytes)
+}
 
 // OwnedPage is Page for a caller that may read only owner's tasks (owner
 // "": any): it reads the task (task.QueueGet) and the page in one round
@@ -99,7 +90,7 @@ func (s *Store) OwnedPage(ctx context.Context, taskID, owner string, afterSeq in
 	var found bool
 	b := &pgx.Batch{}
 	task.QueueGet(b, taskID, owner, &t, &found)
-	b.Queue(listOwnedPage, taskID, afterSeq, limit+1, maxBytes, owner).Query(func(rows pgx.Rows) error {
+	b.Queue(listPage, taskID, afterSeq, limit+1, maxBytes, owner).Query(func(rows pgx.Rows) error {
 		recs, more, err = scanPage(rows, limit, maxBytes)
 		return err
 	})
