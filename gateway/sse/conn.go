@@ -22,6 +22,15 @@ type liveConn struct {
 	nc  net.Conn
 	raw syscall.RawConn // nil: not a socket, no non-blocking writes (never parked)
 	mon uint64          // its id in the hub's close monitor (0: not watched)
+
+	// tryWrite's call to raw.Write, made once (a closure per call would
+	// put it and its results on the heap: three allocations per
+	// delivery), and what it writes and returns. Only the topic's writer
+	// calls tryWrite, one call at a time.
+	writeFn func(fd uintptr) bool
+	buf     []byte
+	n       int
+	err     error
 }
 
 // errWouldBlock: the socket's send buffer is full.
@@ -59,6 +68,7 @@ func takeOver(rc *http.ResponseController) (*liveConn, error) {
 	if sc, ok := nc.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			lc.raw = raw
+			lc.writeFn = lc.write
 		}
 	}
 	return lc, nil
@@ -66,16 +76,12 @@ func takeOver(rc *http.ResponseController) (*liveConn, error) {
 
 // tryWrite writes as much of b as the socket takes now, without waiting:
 // n < len(b) with a nil error means the send buffer is full. One write(2),
-// no goroutine parked, no deadline touched.
+// no goroutine parked, no deadline touched, nothing allocated.
 func (c *liveConn) tryWrite(b []byte) (n int, err error) {
-	cerr := c.raw.Write(func(fd uintptr) bool {
-		for {
-			n, err = syscall.Write(int(fd), b)
-			if err != syscall.EINTR {
-				return true
-			}
-		}
-	})
+	c.buf = b
+	cerr := c.raw.Write(c.writeFn)
+	n, err = c.n, c.err
+	c.buf, c.n, c.err = nil, 0, nil
 	if err == syscall.EAGAIN {
 		return 0, nil
 	}
@@ -86,6 +92,16 @@ func (c *liveConn) tryWrite(b []byte) (n int, err error) {
 		err = cerr
 	}
 	return n, err
+}
+
+// write is writeFn: one write(2) of buf, retried on EINTR.
+func (c *liveConn) write(fd uintptr) bool {
+	for {
+		c.n, c.err = syscall.Write(int(fd), c.buf)
+		if c.err != syscall.EINTR {
+			return true
+		}
+	}
 }
 
 // setDeadline sets the write deadline.

@@ -177,21 +177,38 @@ func (h *hub) kickLocked(t *topic) {
 	}()
 }
 
+// scratch is a writer's working memory, passed from writer to writer
+// (scratches): a writer starts for every burst of frames, and growing these
+// anew each time was most of what the hub allocated.
+type scratch struct {
+	chunk  []work
+	frames []*frame
+	resume []*watcher
+	groups map[groupKey]*group // renderings for the ring head at rendered
+}
+
+var scratches = sync.Pool{New: func() any {
+	return &scratch{chunk: make([]work, 0, chunkSize), groups: map[groupKey]*group{}}
+}}
+
 // write is t's writer (see the top of this file).
 func (h *hub) write(t *topic) {
+	sc := scratches.Get().(*scratch)
 	var (
-		chunk  []work
-		frames []*frame
-		resume []*watcher
-		groups = map[groupKey]*group{} // renderings for the ring head at rendered
-		idle   int                     // streams visited in a row with nothing to write
-		ran    = time.Now()            // since the writer started or last yielded
+		chunk, frames, resume = sc.chunk[:0], sc.frames[:0], sc.resume[:0]
+		groups                = sc.groups
+		idle                  int          // streams visited in a row with nothing to write
+		ran                   = time.Now() // since the writer started or last yielded
 	)
 	rendered := ^uint64(0)
 	defer func() {
-		for _, g := range groups {
+		for k, g := range groups {
 			g.release()
+			delete(groups, k)
 		}
+		clear(resume)
+		sc.chunk, sc.frames, sc.resume = chunk[:0], frames[:0], resume[:0]
+		scratches.Put(sc)
 	}()
 	for {
 		h.mu.Lock()

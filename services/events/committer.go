@@ -123,13 +123,16 @@ func newCommitters(n int, cfg Config, pool *pgxpool.Pool, log *slog.Logger) []*c
 // queued then are dropped: they were never acknowledged, so their runners
 // resend them after reconnecting.
 func (c *committer) run(ctx context.Context, in *intake, k int) {
+	buf := make([]*submission, 0, c.cfg.MaxBatch) // reused: commit keeps no reference to a batch
 	for {
-		batch, held := in.take(ctx, k, c.cfg.MaxBatch, c.cfg.MaxBatchDelay)
+		batch, held := in.take(ctx, k, c.cfg.MaxBatch, c.cfg.MaxBatchDelay, buf)
 		if len(batch) == 0 {
 			return
 		}
 		c.commit(batch) // queues the events to publish before the tasks go back
 		in.release(held)
+		clear(batch)
+		buf = batch
 	}
 }
 
@@ -167,7 +170,7 @@ func (c *committer) commit(batch []*submission) {
 		return
 	}
 	// One acknowledgement per stream: its highest stored seq in the batch.
-	acks := make(map[*sink]int64, 64)
+	acks := make(map[*sink]int64)
 	for _, s := range batch {
 		o := outs[s]
 		switch {

@@ -106,12 +106,13 @@ func (in *intake) wakeLocked() {
 	}
 }
 
-// take returns committer k's next batch (at most max submissions) and the
-// tasks it holds until release, waiting for work until ctx ends (then nil).
-// With a delay, it waits up to that long after the first submission for
-// more, from the tasks it holds and from newly ready ones.
-func (in *intake) take(ctx context.Context, k, max int, delay time.Duration) ([]*submission, []*taskQueue) {
-	batch := make([]*submission, 0, max)
+// take returns committer k's next batch (at most max submissions, appended
+// to dst[:0], which a committer reuses from batch to batch) and the tasks it
+// holds until release, waiting for work until ctx ends (then nil). With a
+// delay, it waits up to that long after the first submission for more, from
+// the tasks it holds and from newly ready ones.
+func (in *intake) take(ctx context.Context, k, max int, delay time.Duration, dst []*submission) ([]*submission, []*taskQueue) {
+	batch := dst[:0]
 	var held []*taskQueue
 	in.mu.Lock()
 	for !in.canTakeLocked(k) {

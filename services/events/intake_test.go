@@ -36,7 +36,7 @@ func TestIntakeKeepsEachTaskInOneBatchInOrder(t *testing.T) {
 	for k := range committers {
 		cwg.Go(func() {
 			for {
-				batch, held := in.take(ctx, k, 50, 0)
+				batch, held := in.take(ctx, k, 50, 0, nil)
 				if batch == nil {
 					return
 				}
@@ -99,7 +99,7 @@ func TestIntakeOverflowCommitters(t *testing.T) {
 	got := make(chan int, 10)
 	go func() {
 		for {
-			batch, held := in.take(ctx, 1, 100, 0)
+			batch, held := in.take(ctx, 1, 100, 0, nil)
 			if batch == nil {
 				return
 			}
@@ -128,7 +128,7 @@ func TestIntakeOverflowCommitters(t *testing.T) {
 	// The first committer takes a single submission.
 	require.True(t, in.enter(nil, nil))
 	in.put(intakeSub("t9", 1))
-	batch, held := in.take(ctx, 0, 100, 0)
+	batch, held := in.take(ctx, 0, 100, 0, nil)
 	require.Len(t, batch, 1)
 	in.release(held)
 }
@@ -147,7 +147,7 @@ func TestIntakeDelayGathersMore(t *testing.T) {
 			in.put(s)
 		}
 	}()
-	batch, held := in.take(ctx, 0, 3, time.Second)
+	batch, held := in.take(ctx, 0, 3, time.Second, nil)
 	require.Len(t, batch, 3, "full before the delay ends")
 	var seqs []string
 	for _, s := range batch {
@@ -156,7 +156,7 @@ func TestIntakeDelayGathersMore(t *testing.T) {
 	require.Subset(t, []string{"a1", "a2", "b1", "a3"}, seqs)
 	require.Equal(t, "a1", seqs[0])
 	in.release(held)
-	rest, held := in.take(ctx, 0, 3, 0)
+	rest, held := in.take(ctx, 0, 3, 0, nil)
 	require.Len(t, rest, 1)
 	in.release(held)
 }
@@ -180,7 +180,7 @@ func TestIntakeRoomBoundsQueued(t *testing.T) {
 	close(done)
 	require.False(t, <-entered)
 
-	batch, held := in.take(context.Background(), 0, 10, 0)
+	batch, held := in.take(context.Background(), 0, 10, 0, nil)
 	require.Len(t, batch, 2)
 	require.True(t, in.enter(nil, nil), "taking makes room")
 	in.release(held)

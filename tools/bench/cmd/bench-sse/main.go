@@ -57,6 +57,7 @@ func run() error {
 	verbose := flag.Bool("v", false, "log warnings of the servers and clients to stderr")
 	clientMode := flag.Bool("client", false, "internal: be the client process of one scenario (spec on stdin, result on stdout)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the server process over the whole run to this file")
+	memProfile := flag.String("memprofile", "", "write the server process's allocations over the whole run (a heap profile; go tool pprof -sample_index=alloc_space) to this file")
 	flag.Parse()
 
 	level := slog.LevelError
@@ -80,6 +81,18 @@ func run() error {
 			return fmt.Errorf("-cpuprofile: %w", err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		f, err := os.Create(*memProfile)
+		if err != nil {
+			return fmt.Errorf("-memprofile: %w", err)
+		}
+		defer f.Close()
+		defer func() {
+			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+				logger.Warn("bench-sse: -memprofile not written", "error", err)
+			}
+		}()
 	}
 	subs, err := parseInts("subs", *subsFlag)
 	if err != nil {
