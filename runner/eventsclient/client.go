@@ -412,10 +412,25 @@ func (c *Client) Close(ctx context.Context) error {
 	return err
 }
 
+// WaitAcked waits until the server has acknowledged every event up to seq
+// (they are stored), and returns nil then; or the client's fatal error, an
+// error when it stops first, or ctx's. It wakes on each acknowledgement,
+// not on a timer.
+func (c *Client) WaitAcked(ctx context.Context, seq int64) error {
+	return c.waitAcked(ctx, func() int64 { return seq })
+}
+
+// flush waits until every event sent so far is acknowledged.
 func (c *Client) flush(ctx context.Context) error {
+	return c.waitAcked(ctx, func() int64 { return c.lastSeq })
+}
+
+// waitAcked waits until everything up to target() (read under mu) is
+// acknowledged.
+func (c *Client) waitAcked(ctx context.Context, target func() int64) error {
 	for {
 		c.mu.Lock()
-		drained, fatal, progress := c.acked >= c.lastSeq, c.fatal, c.progress
+		drained, fatal, progress := c.acked >= target(), c.fatal, c.progress
 		c.mu.Unlock()
 		switch {
 		case drained:
@@ -427,7 +442,7 @@ func (c *Client) flush(ctx context.Context) error {
 		case <-progress:
 		case <-c.done:
 			c.mu.Lock()
-			drained, fatal = c.acked >= c.lastSeq, c.fatal
+			drained, fatal = c.acked >= target(), c.fatal
 			c.mu.Unlock()
 			if drained {
 				return nil

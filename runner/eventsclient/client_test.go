@@ -272,3 +272,48 @@ func TestConnectedAfterTheFirstWelcome(t *testing.T) {
 		t.Fatal("Connected did not close after the Welcome")
 	}
 }
+
+func TestWaitAcked(t *testing.T) {
+	f := &fakeServer{handle: func(_ int, _ *taskrunnerv1.Hello, s connectStream) error {
+		if err := s.Send(welcome(0)); err != nil {
+			return err
+		}
+		for {
+			m, err := s.Recv()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			switch e := m.GetEvent(); {
+			case e == nil:
+			case e.GetSeq() <= 2: // the third is never acknowledged
+				if err := s.Send(ack(e.GetSeq())); err != nil {
+					return err
+				}
+			case e.GetSeq() == 4:
+				return status.Error(codes.PermissionDenied, "revoked")
+			}
+		}
+	}}
+	c := start(t, f, eventsclient.Config{})
+	for range 3 {
+		_, err := c.Send(logEvent())
+		require.NoError(t, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, c.WaitAcked(ctx, 2))
+	require.Equal(t, int64(2), c.Acked())
+
+	short, cancelShort := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancelShort()
+	err := c.WaitAcked(short, 3)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, int64(2), c.Acked())
+
+	_, err = c.Send(logEvent()) // seq 4: the server ends the stream with a fatal code
+	require.NoError(t, err)
+	require.Equal(t, codes.PermissionDenied, status.Code(c.WaitAcked(ctx, 4)))
+}

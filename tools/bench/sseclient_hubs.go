@@ -383,25 +383,14 @@ func (p runnerPublisher) publish(ctx context.Context, ev *eventT, wait bool) err
 	return p.settle(ctx, seq, 30*time.Second)
 }
 
-// settle polls Acked, the only acknowledgement eventsclient exposes, from
-// every 20 µs to every 200 µs as the wait goes on: that adds at most a
-// fraction of a millisecond between an ack and the next sequential publish
-// (the e2e latency starts at the publish, so it adds nothing to that), and
-// a commit's few milliseconds of wait cost the client process tens of
-// wake-ups instead of hundreds.
+// settle waits for the Events service's acknowledgement of seq n
+// (eventsclient wakes the waiter on each Ack, as Mercure's publisher is
+// woken by its POST's answer).
 func (p runnerPublisher) settle(ctx context.Context, n int64, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	const maxWait = 200 * time.Microsecond
-	wait := 20 * time.Microsecond
-	for p.ec.Acked() < n {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("seq %d not acknowledged within %s (acked %d)", n, timeout, p.ec.Acked())
-		}
-		time.Sleep(wait)
-		wait = min(2*wait, maxWait)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := p.ec.WaitAcked(ctx, n); err != nil {
+		return fmt.Errorf("seq %d not acknowledged within %s (acked %d): %w", n, timeout, p.ec.Acked(), err)
 	}
 	return nil
 }
