@@ -23,7 +23,9 @@ import (
 //     state: all that kept up) share one rendering of their frames, made
 //     once per ring head;
 //   - each stream gets one non-blocking write(2) (liveConn.tryWrite): no
-//     goroutine wakes per client and no deadline is set per frame.
+//     goroutine wakes per client and no deadline is set per frame;
+//   - after 2 ms of writing the writer offers its CPU between two chunks
+//     (yieldAfter), so a long round does not hold back the event path.
 //
 // A stream leaves the writer, back to a goroutine of its own (stream.resume),
 // when a write does not go through whole (its client is slow: the
