@@ -291,7 +291,7 @@ func TestReaper(t *testing.T) {
 	}
 	_, err := h.db.Pool.Exec(ctx, `UPDATE tasks SET deadline_at = now() - interval '1 minute', heartbeat_at = now() WHERE id = $1`, late)
 	require.NoError(t, err)
-	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '10 seconds' WHERE id = $1`, silent)
+	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '10 seconds', started_at = now() - interval '20 seconds' WHERE id = $1`, silent)
 	require.NoError(t, err)
 	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() + interval '1 hour' WHERE id = $1`, healthy)
 	require.NoError(t, err)
@@ -479,6 +479,34 @@ func TestCancelAwaitingReviewClosesThePullRequest(t *testing.T) {
 	require.Equal(t, task.StatusAwaitingReview, h.status(t, other))
 }
 
+// A follow-up run starts with the previous run's last heartbeat on the
+// task, older than the silence window: the window counts from the run's
+// start (MarkStarted), so the new runner has the whole of it to speak.
+func TestReaperCountsSilenceFromTheRunsStart(t *testing.T) {
+	h := newHarness(t)
+	cfg := testConfig()
+	cfg.HeartbeatInterval = time.Second
+	s := h.server(t, cfg, "sb")
+	s.born = time.Now().Add(-time.Hour) // past its start-up grace
+	ctx := context.Background()
+	id := h.create(t, "alice", "acme/widgets")
+	_, err := s.DispatchTask(ctx, id)
+	require.NoError(t, err)
+	s.Wait()
+	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	res, err := s.Reap(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Lost, "the run started within the window")
+	require.Equal(t, task.StatusRunning, h.status(t, id))
+
+	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET started_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	res, err = s.Reap(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Lost, "nothing heard for a whole window since the run started")
+}
+
 func TestReaperGraceAfterStart(t *testing.T) {
 	h := newHarness(t)
 	cfg := testConfig()
@@ -489,7 +517,7 @@ func TestReaperGraceAfterStart(t *testing.T) {
 	_, err := s.DispatchTask(ctx, id)
 	require.NoError(t, err)
 	s.Wait()
-	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 hour' WHERE id = $1`, id)
+	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 hour', started_at = now() - interval '1 hour' WHERE id = $1`, id)
 	require.NoError(t, err)
 	restarted := h.server(t, cfg, "sb")
 	res, err := restarted.Reap(ctx)

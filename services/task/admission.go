@@ -111,11 +111,14 @@ func (tx *Tx) RunningByRepo(ctx context.Context) (map[string]int, int, error) {
 const (
 	pastDeadline = `SELECT id::text FROM tasks WHERE status = 'running' AND deadline_at < now() - $1 * interval '1 second'`
 	// A runner is alive while anything arrives from it: a heartbeat, or an
-	// event it sent (the newest runner event of the timeline).
+	// event it sent (the newest runner event of the timeline); silence is
+	// counted from the latest of those and the current run's start
+	// (started_at, set again for each follow-up run: the previous run's
+	// heartbeats are older than its runner).
 	silentRunners = `SELECT t.id::text FROM tasks t WHERE t.status = 'running'
-AND greatest(coalesce(t.heartbeat_at, t.started_at, t.updated_at),
-	(SELECT e.created_at FROM task_events e WHERE e.task_id = t.id AND e.runner_seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1))
-	< now() - $1 * interval '1 second'`
+AND coalesce(greatest(t.heartbeat_at, t.started_at,
+	(SELECT e.created_at FROM task_events e WHERE e.task_id = t.id AND e.runner_seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1)),
+	t.updated_at) < now() - $1 * interval '1 second'`
 	queueDepth    = `SELECT count(*) FROM tasks WHERE status = 'queued'`
 	countByStatus = `SELECT status, count(*) FROM tasks GROUP BY status`
 	traceparentOf = `SELECT traceparent FROM tasks WHERE id = $1`
