@@ -68,6 +68,25 @@ func welcome(last int64) *taskrunnerv1.ConnectResponse {
 	return &taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Welcome{Welcome: &taskrunnerv1.Welcome{LastPersistedSeq: last, HeartbeatIntervalSeconds: 10}}}
 }
 
+// eachEvent calls fn with each event the client sends on s, until the
+// client closes its side (nil) or s or fn fails (that error).
+func eachEvent(s connectStream, fn func(*taskrunnerv1.Event) error) error {
+	for {
+		m, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if e := m.GetEvent(); e != nil {
+			if err := fn(e); err != nil {
+				return err
+			}
+		}
+	}
+}
+
 func ack(seq int64) *taskrunnerv1.ConnectResponse {
 	return &taskrunnerv1.ConnectResponse{Msg: &taskrunnerv1.ConnectResponse_Ack{Ack: &taskrunnerv1.Ack{Seq: seq}}}
 }
@@ -91,18 +110,7 @@ func TestResendsEverythingAfterWelcome(t *testing.T) {
 		if err := s.Send(welcome(last)); err != nil {
 			return err
 		}
-		for {
-			m, err := s.Recv()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			e := m.GetEvent()
-			if e == nil {
-				continue
-			}
+		return eachEvent(s, func(e *taskrunnerv1.Event) error {
 			mu.Lock()
 			seen[attempt] = append(seen[attempt], e.GetSeq())
 			mu.Unlock()
@@ -112,11 +120,10 @@ func TestResendsEverythingAfterWelcome(t *testing.T) {
 			case attempt == 1 && e.GetSeq() == 25: // persisted up to 20, then the server stops
 				return status.Error(codes.Aborted, "server restarting")
 			case attempt == 0 && e.GetSeq() <= 3, attempt == 2:
-				if err := s.Send(ack(e.GetSeq())); err != nil {
-					return err
-				}
+				return s.Send(ack(e.GetSeq()))
 			}
-		}
+			return nil
+		})
 	}}
 	c := start(t, f, eventsclient.Config{})
 	for i := range n {
@@ -278,24 +285,15 @@ func TestWaitAcked(t *testing.T) {
 		if err := s.Send(welcome(0)); err != nil {
 			return err
 		}
-		for {
-			m, err := s.Recv()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			switch e := m.GetEvent(); {
-			case e == nil:
+		return eachEvent(s, func(e *taskrunnerv1.Event) error {
+			switch {
 			case e.GetSeq() <= 2: // the third is never acknowledged
-				if err := s.Send(ack(e.GetSeq())); err != nil {
-					return err
-				}
+				return s.Send(ack(e.GetSeq()))
 			case e.GetSeq() == 4:
 				return status.Error(codes.PermissionDenied, "revoked")
 			}
-		}
+			return nil
+		})
 	}}
 	c := start(t, f, eventsclient.Config{})
 	for range 3 {
