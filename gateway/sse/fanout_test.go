@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/taskrunner/taskrunner/gateway/sse"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
@@ -209,4 +211,58 @@ func TestHTTP2StreamsKeepTheirGoroutine(t *testing.T) {
 		checkMessages(t, c.events(t), tl[len(tl)-1:])
 	}
 	require.Eventually(t, func() bool { return e.h.Subscribers() == 0 }, 5*time.Second, time.Millisecond)
+}
+
+// TestRoundDurationIsReported: the rounds of a task's writer over its
+// parked streams reach /metrics as taskrunner.sse.round_duration, one
+// observation per round that wrote, each as long as the round took.
+func TestRoundDurationIsReported(t *testing.T) {
+	e := newEnv(t, sse.Config{Heartbeat: time.Hour}, envOptions{})
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	require.NoError(t, e.h.RegisterMetrics(mp.Meter("test")))
+
+	id := e.runningTask(t, "alice")
+	tok := e.token(t, "alice")
+	n0 := len(e.timeline(t, id))
+	const subs = 10
+	var cs []*client
+	for range subs {
+		cs = append(cs, e.open(t, eventsPath(id), tok, after(n0)))
+	}
+	require.Eventually(t, func() bool { return e.h.Parked() == subs }, 10*time.Second, time.Millisecond)
+	rounds := func() metricdata.HistogramDataPoint[float64] {
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(context.Background(), &rm))
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name == "taskrunner.sse.round_duration" {
+					h := m.Data.(metricdata.Histogram[float64])
+					require.Len(t, h.DataPoints, 1)
+					return h.DataPoints[0]
+				}
+			}
+		}
+		return metricdata.HistogramDataPoint[float64]{}
+	}
+	require.Zero(t, rounds().Count, "nothing written yet")
+
+	start := time.Now()
+	next := int64(1)
+	for burst := range 5 {
+		e.emit(t, id, logs(next, burst+1)...)
+		for _, c := range cs {
+			c.take(t, burst+1)
+		}
+		next += int64(burst + 1)
+		require.Eventually(t, func() bool { return e.h.Parked() == subs }, 10*time.Second, time.Millisecond)
+	}
+	took := time.Since(start)
+	p := rounds()
+	require.GreaterOrEqual(t, p.Count, uint64(5), "a round per burst at least")
+	require.Greater(t, p.Sum, 0.0)
+	mx, ok := p.Max.Value()
+	require.True(t, ok)
+	require.Less(t, mx, took.Seconds(), "no round outlasts the bursts")
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/taskrunner/taskrunner/platform/eventwire"
 	taskrunnerv1 "github.com/taskrunner/taskrunner/proto/gen/taskrunner/v1"
@@ -130,6 +131,10 @@ type topic struct {
 	parked  []*watcher // watchers whose streams the writer owns, in the writer's round-robin order
 	pos     int        // where the writer's next chunk starts in parked
 	writing bool       // the writer goroutine runs
+
+	roundStart  time.Time // when the writer's current round began
+	roundVisits int       // streams the writer has visited since
+	roundWrote  bool      // … and written to some
 }
 
 // hub multiplexes every SSE connection of the process over one Redis
@@ -152,6 +157,8 @@ type hub struct {
 	cutSlow atomic.Int64 // watchers dropped for being too slow, ever
 	round   uint64       // heartbeat rounds so far (guarded by mu)
 	mon     *monitor     // tells when the client of a taken-over connection leaves
+
+	rounds atomic.Pointer[metric.Float64Histogram] // taskrunner.sse.round_duration, once registered
 
 	wg sync.WaitGroup
 }

@@ -28,7 +28,9 @@ func (h *Handler) Parked() int64 { return h.hub.parkedCount() }
 // taskrunner.sse.parked (of them, those without a goroutine),
 // taskrunner.sse.channels (task channels subscribed in Redis),
 // taskrunner.sse.queued_bytes (see QueuedBytes), the counter
-// taskrunner.sse.cut_off (clients cut off for being too slow), and the
+// taskrunner.sse.cut_off (clients cut off for being too slow), the
+// histogram taskrunner.sse.round_duration (a task writer's rounds over its
+// parked streams: the fan-out's share of the delivery latency), and the
 // process's own cost, to divide by the open streams: its resident memory
 // (taskrunner.process.resident_memory, Linux), CPU time
 // (taskrunner.process.cpu_time, user+system) and goroutines
@@ -56,6 +58,13 @@ func (h *Handler) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	rounds, err := meter.Float64Histogram("taskrunner.sse.round_duration", metric.WithUnit("s"),
+		metric.WithDescription("How long a task's writer took to go once round its parked streams, for rounds that wrote (the longest wait a task's subscribers add to an event's delivery)"),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
+	if err != nil {
+		return err
+	}
+	h.hub.rounds.Store(&rounds)
 	cpu, err := meter.Float64ObservableCounter("taskrunner.process.cpu_time", metric.WithUnit("s"),
 		metric.WithDescription("CPU time (user+system) of the gateway process"))
 	if err != nil {

@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"time"
@@ -172,6 +173,7 @@ func (h *hub) kickLocked(t *topic) {
 		return
 	}
 	t.writing = true
+	t.roundStart, t.roundVisits, t.roundWrote = time.Now(), 0, false
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -214,6 +216,9 @@ func (h *hub) write(t *topic) {
 	}()
 	for {
 		h.mu.Lock()
+		if t.roundVisits > 0 && t.roundVisits >= len(t.parked) {
+			h.roundEndedLocked(t)
+		}
 		if idle >= len(t.parked) && !h.dueLocked(t) {
 			t.writing = false
 			h.mu.Unlock()
@@ -232,6 +237,7 @@ func (h *hub) write(t *topic) {
 			if t.pos >= len(t.parked) {
 				t.pos = 0
 			}
+			t.roundVisits++
 			w := t.parked[t.pos]
 			t.pos++
 			switch {
@@ -258,6 +264,7 @@ func (h *hub) write(t *topic) {
 		}
 		if len(chunk) > 0 {
 			idle = 0
+			t.roundWrote = true
 			size := uint64(len(t.ring))
 			frames = frames[:0]
 			for p := lo; p < t.head; p++ {
@@ -290,6 +297,23 @@ func (h *hub) write(t *topic) {
 			ran = time.Now()
 		}
 	}
+}
+
+// roundEndedLocked is called once t's writer has visited as many streams as
+// are parked since its round began (at its start, or when the last round
+// ended; a round ends between two chunks): a round that wrote something is
+// recorded in taskrunner.sse.round_duration. A round's length is how long
+// the last stream of a task waits for an event that reached the hub just
+// after the writer passed it, so its distribution is the fan-out's share of
+// the delivery latency.
+func (h *hub) roundEndedLocked(t *topic) {
+	now := time.Now()
+	if t.roundWrote {
+		if r := h.rounds.Load(); r != nil {
+			(*r).Record(context.Background(), now.Sub(t.roundStart).Seconds())
+		}
+	}
+	t.roundStart, t.roundVisits, t.roundWrote = now, 0, false
 }
 
 // dueLocked reports whether a parked stream of t has something to write or

@@ -92,6 +92,7 @@ type Env struct {
 	baseTLS  *tls.Config
 	Baseline *BaselineServer
 	sse      *sse.Handler // the gateway's SSE handler, for its open-stream gauge
+	rounds   rounds       // its writers' rounds (taskrunner.sse.round_duration)
 	// Committers is the Events service's number of group committers.
 	Committers int
 	closeFns   []func()
@@ -299,6 +300,13 @@ func (e *Env) startServices(ctx context.Context, o EnvOptions) error {
 		return err
 	}
 	e.sse = h
+	mp, rs := newRoundsProvider()
+	if err := h.RegisterMetrics(mp.Meter("github.com/taskrunner/taskrunner/tools/bench")); err != nil {
+		h.Close()
+		return err
+	}
+	e.rounds = rs
+	e.closeFns = append(e.closeFns, func() { _ = mp.Shutdown(context.Background()) })
 	hl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		h.Close()

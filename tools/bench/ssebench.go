@@ -123,6 +123,7 @@ type SSEResult struct {
 	RSSBeforeKB  int64         // VmRSS of the server process before the connects (idle; after GC)
 	RSSAfterKB   int64         // … with every connection open (after GC)
 	OpenAtServer int64         // streams the taskrunner gateway counted open (idle)
+	Rounds       RoundStats    // taskrunner: its task writers' rounds over their parked streams
 }
 
 // DeliveriesPerSec is events received by all subscribers per second of
@@ -304,7 +305,7 @@ func (e *SSEEnv) RunSSE(ctx context.Context, sc SSEScenario) (res SSEResult, err
 	}
 	settle()
 	res.RSSBeforeKB = procStatusKB("VmRSS")
-	cpu0, srv0 := cpuTime(), serverCPU("postgres", "redis-server")
+	cpu0, srv0, rounds0 := cpuTime(), serverCPU("postgres", "redis-server"), e.rounds.snapshot()
 	if err := say(lineGo); err != nil {
 		return res, err
 	}
@@ -313,6 +314,9 @@ func (e *SSEEnv) RunSSE(ctx context.Context, sc SSEScenario) (res SSEResult, err
 	}
 	res.ServerCPU = cpuTime() - cpu0
 	res.PGRedisCPU = serverCPU("postgres", "redis-server") - srv0
+	if sc.Hub == HubTaskrunner {
+		res.Rounds = e.rounds.snapshot().since(rounds0)
+	}
 	if sc.Kind == KindIdle {
 		if err := sleepCtx(ctx, sc.Settle); err != nil {
 			return res, err

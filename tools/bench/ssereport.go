@@ -27,14 +27,19 @@ func publisherName(s SSEScenario) string {
 // WriteSSEFanout prints one line per fan-out result.
 func WriteSSEFanout(w io.Writer, results []SSEResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\thub\ttasks×subs\tpublisher\tpublished\tdelivered/expected\tdup\tlost\treconn\tdeliveries/s\tack p50 ms\te2e p50 ms\te2e p99 ms\tfirst copy p50 ms\tlast copy p50 ms\tlast copy p99 ms\tserver cpu s\tpg+redis cpu s\tclients cpu s\t")
+	fmt.Fprintln(tw, "scenario\thub\ttasks×subs\tpublisher\tpublished\tdelivered/expected\tdup\tlost\treconn\tdeliveries/s\tack p50 ms\te2e p50 ms\te2e p99 ms\tfirst copy p50 ms\tlast copy p50 ms\tlast copy p99 ms\twriter rounds\tround p50 ms\tround p99 ms\tserver cpu s\tpg+redis cpu s\tclients cpu s\t")
 	for _, r := range results {
 		if r.Kind != KindFanout {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d×%d\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t\n",
+		rounds, r50, r99 := "-", "-", "-"
+		if r.Rounds.N > 0 {
+			rounds, r50, r99 = fmt.Sprint(r.Rounds.N), ms(r.Rounds.P50), ms(r.Rounds.P99)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d×%d\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t\n",
 			r.Name, r.Hub, r.Tasks, r.Subs, publisherName(r.SSEScenario), r.Published, r.Delivered, r.Expected, r.Duplicates, r.Lost, r.Reconnects,
-			r.DeliveriesPerSec(), ackP50(r), ms(r.Latency.P50), ms(r.Latency.P99), ms(r.FirstCopy.P50), ms(r.LastCopy.P50), ms(r.LastCopy.P99), r.ServerCPU.Seconds(), r.PGRedisCPU.Seconds(), r.CPU.Seconds())
+			r.DeliveriesPerSec(), ackP50(r), ms(r.Latency.P50), ms(r.Latency.P99), ms(r.FirstCopy.P50), ms(r.LastCopy.P50), ms(r.LastCopy.P99),
+			rounds, r50, r99, r.ServerCPU.Seconds(), r.PGRedisCPU.Seconds(), r.CPU.Seconds())
 	}
 	_ = tw.Flush()
 }
