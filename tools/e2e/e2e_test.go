@@ -618,6 +618,8 @@ func checkMetrics(t *testing.T, s *stack) {
 	metricValue(t, g, "taskrunner_sse_parked")
 	metricValue(t, g, "taskrunner_sse_queued_bytes")
 	metricValue(t, g, "taskrunner_sse_cut_off_total")
+	// The stream parked above got the follow-up's events from its task's writer.
+	require.Greater(t, metricValue(t, g, "taskrunner_sse_round_duration_seconds_count"), 0.0)
 	// The process's cost, to divide by the streams.
 	require.Greater(t, metricValue(t, g, "taskrunner_process_resident_memory_bytes"), 1e6)
 	require.Greater(t, metricValue(t, g, "taskrunner_process_cpu_time_seconds_total"), 0.0)
