@@ -120,6 +120,13 @@ func (h *harness) status(t *testing.T, id string) task.Status {
 	return tk.Status
 }
 
+// silence makes id's runner silent for an hour: its last heartbeat and
+// its run's start both that long ago.
+func (h *harness) silence(t *testing.T, id string) {
+	_, err := h.db.Pool.Exec(context.Background(), `UPDATE tasks SET heartbeat_at = now() - interval '1 hour', started_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+}
+
 func TestDispatchStartsSandboxWithRunnerEnv(t *testing.T) {
 	h := newHarness(t)
 	cfg := testConfig()
@@ -517,8 +524,7 @@ func TestReaperGraceAfterStart(t *testing.T) {
 	_, err := s.DispatchTask(ctx, id)
 	require.NoError(t, err)
 	s.Wait()
-	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 hour', started_at = now() - interval '1 hour' WHERE id = $1`, id)
-	require.NoError(t, err)
+	h.silence(t, id)
 	restarted := h.server(t, cfg, "sb")
 	res, err := restarted.Reap(ctx)
 	require.NoError(t, err)

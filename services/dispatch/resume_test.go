@@ -97,8 +97,7 @@ func TestReaperGraceAfterAnOutage(t *testing.T) {
 	_, err := s.DispatchTask(ctx, id)
 	require.NoError(t, err)
 	s.Wait()
-	_, err = h.db.Pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 hour', started_at = now() - interval '1 hour' WHERE id = $1`, id)
-	require.NoError(t, err)
+	h.silence(t, id)
 	s.born = time.Now().Add(-time.Hour) // long past its start-up grace
 	s.outage()
 	res, err := s.Reap(ctx)
